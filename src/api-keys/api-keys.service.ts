@@ -1,0 +1,162 @@
+import { createHash, randomBytes } from 'node:crypto'
+import { toIso, toBool, toStringArray, type Db } from '../db/database.ts'
+import { AppError } from '../errors.ts'
+import type { Principal, RequestContext, Scope } from '../auth/principal.ts'
+import { recordEvent } from '../events/events.service.ts'
+import { newId, nowIso } from '../lib/ids.ts'
+import {
+  findApiKeyByDigest,
+  findApiKeyById,
+  insertApiKey,
+  listApiKeys,
+  replaceApiKeySecret,
+  revokeApiKey,
+  touchApiKey,
+  type ApiKeyRow
+} from './api-keys.repository.ts'
+import type { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys.schemas.ts'
+
+/** Marks our secrets so secret scanners and people can tell what leaked. */
+export const KEY_PREFIX = 'gatehouse_'
+const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
+/** How stale `last_used_at` may get: writing it on every request would make reads cost a write. */
+const TOUCH_INTERVAL_MS = 60_000
+
+/** 256 random bits, base62 so the key is one word to double-click and copy. */
+export function generateApiKeySecret (): string {
+  let n = BigInt('0x' + randomBytes(32).toString('hex'))
+  let out = ''
+  while (n > 0n) {
+    out = BASE62[Number(n % 62n)]! + out
+    n /= 62n
+  }
+  return KEY_PREFIX + out.padStart(43, '0')
+}
+
+export function digestOf (secret: string): string {
+  return createHash('sha256').update(secret, 'utf8').digest('hex')
+}
+
+/** What may be shown of a secret: our marker plus six characters, or the first eight of a foreign key. */
+export function visiblePrefixOf (secret: string): string {
+  return secret.startsWith(KEY_PREFIX) ? secret.slice(0, KEY_PREFIX.length + 6) : secret.slice(0, 8)
+}
+
+export function toApiKey (row: ApiKeyRow): ApiKey {
+  return {
+    id: row.id,
+    name: row.name,
+    prefix: row.prefix,
+    scopes: toStringArray(row.scopes) as Scope[],
+    user_id: row.user_id,
+    created_at: toIso(row.created_at),
+    expires_at: toIso(row.expires_at),
+    last_used_at: toIso(row.last_used_at),
+    revoked_at: toIso(row.revoked_at)
+  }
+}
+
+function keyNotFound (id: string): AppError {
+  return new AppError('api_key_not_found', 404, `No API key has the id ${id}.`)
+}
+
+/** Inserts a key for a known secret. The secret is hashed here and goes no further. */
+export async function insertKeyForSecret (
+  trx: Db,
+  ctx: RequestContext,
+  secret: string,
+  fields: { name: string, scopes: Scope[], userId: string | null, expiresAt: string | null }
+): Promise<ApiKey> {
+  const row = await insertApiKey(trx, {
+    id: newId(),
+    name: fields.name,
+    prefix: visiblePrefixOf(secret),
+    digest: digestOf(secret),
+    scopes: JSON.stringify(fields.scopes),
+    user_id: fields.userId,
+    created_by_type: ctx.actorType,
+    created_by_id: ctx.actorId,
+    created_at: nowIso(),
+    expires_at: fields.expiresAt,
+    last_used_at: null,
+    revoked_at: null
+  })
+  const key = toApiKey(row)
+  await recordEvent(trx, ctx, 'api_key.created', { type: 'api_key', id: key.id }, {
+    name: key.name, prefix: key.prefix, scopes: key.scopes, user_id: key.user_id, expires_at: key.expires_at
+  })
+  return key
+}
+
+export async function createApiKey (db: Db, principal: Principal, ctx: RequestContext, input: ApiKeyCreate): Promise<ApiKeyWithSecret> {
+  const expiresAt = input.expires_at != null ? new Date(input.expires_at).toISOString() : null
+  if (expiresAt !== null && Date.parse(expiresAt) <= Date.now()) {
+    throw new AppError('validation_failed', 422, 'expires_at must be in the future.', {
+      errors: [{ in: 'body', pointer: '/expires_at', detail: 'is not in the future' }]
+    })
+  }
+  const secret = generateApiKeySecret()
+  const key = await db.transaction().execute(async trx => await insertKeyForSecret(trx, ctx, secret, {
+    name: input.name,
+    scopes: input.scopes ?? ['admin'],
+    userId: principal.userId,
+    expiresAt
+  }))
+  return { ...key, key: secret }
+}
+
+export async function listApiKeysOf (db: Db, includeRevoked: boolean): Promise<ApiKey[]> {
+  return (await listApiKeys(db, { includeRevoked })).map(toApiKey)
+}
+
+export async function getApiKey (db: Db, id: string): Promise<ApiKey> {
+  const row = await findApiKeyById(db, id)
+  if (row === undefined) throw keyNotFound(id)
+  return toApiKey(row)
+}
+
+/** Revoking twice is not an error: the key is revoked either way, and only the first time is an event. */
+export async function revokeApiKeyById (db: Db, ctx: RequestContext, id: string): Promise<void> {
+  await db.transaction().execute(async trx => {
+    const row = await findApiKeyById(trx, id)
+    if (row === undefined) throw keyNotFound(id)
+    const revoked = await revokeApiKey(trx, id, nowIso())
+    if (revoked !== undefined) {
+      await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id }, { name: row.name, prefix: row.prefix })
+    }
+  })
+}
+
+/** A new secret for the same key (same id, name, scopes, expiry); the old secret stops working at once. */
+export async function rotateApiKey (db: Db, ctx: RequestContext, id: string): Promise<ApiKeyWithSecret> {
+  const secret = generateApiKeySecret()
+  const key = await db.transaction().execute(async trx => {
+    const row = await findApiKeyById(trx, id)
+    if (row === undefined) throw keyNotFound(id)
+    const rotated = await replaceApiKeySecret(trx, id, { prefix: visiblePrefixOf(secret), digest: digestOf(secret) })
+    if (rotated === undefined) throw new AppError('conflict', 409, 'A revoked key cannot be rotated; create a new one.')
+    await recordEvent(trx, ctx, 'api_key.rotated', { type: 'api_key', id }, { old_prefix: row.prefix, new_prefix: rotated.prefix })
+    return toApiKey(rotated)
+  })
+  return { ...key, key: secret }
+}
+
+/**
+ * The principal a secret stands for, or undefined when it is unknown,
+ * revoked, expired, or its owner is disabled. A key owned by a user acts with
+ * that user's powers at most: if the owner is no longer an admin, the key keeps
+ * none of its scopes (it cannot keep powers its user has lost).
+ */
+export async function authenticateApiKey (db: Db, secret: string): Promise<Principal | undefined> {
+  const row = await findApiKeyByDigest(db, digestOf(secret))
+  if (row === undefined || row.revoked_at !== null) return undefined
+  const now = Date.now()
+  if (row.expires_at !== null && new Date(row.expires_at).getTime() <= now) return undefined
+  if (row.user_id !== null && (row.owner_disabled === null || toBool(row.owner_disabled))) return undefined
+  const scopes = toStringArray(row.scopes) as Scope[]
+  const effective = row.user_id !== null && row.owner_role !== 'admin' ? [] : scopes
+  if (row.last_used_at === null || now - new Date(row.last_used_at).getTime() > TOUCH_INTERVAL_MS) {
+    await touchApiKey(db, row.id, new Date(now).toISOString())
+  }
+  return { type: 'api_key', id: row.id, userId: row.user_id, scopes: new Set(effective) }
+}

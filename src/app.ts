@@ -1,0 +1,193 @@
+import { randomUUID } from 'node:crypto'
+import Fastify, {
+  type FastifyBaseLogger,
+  type FastifyInstance,
+  type FastifyServerOptions,
+  type RawReplyDefaultExpression,
+  type RawRequestDefaultExpression,
+  type RawServerDefault
+} from 'fastify'
+import formbody from '@fastify/formbody'
+import multipart from '@fastify/multipart'
+import swagger from '@fastify/swagger'
+import swaggerUi from '@fastify/swagger-ui'
+import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import type { Config } from './config.ts'
+import { createDb, type Db } from './db/database.ts'
+import { migrateToLatest } from './db/migrate.ts'
+import { AppError, registerErrorHandling } from './errors.ts'
+import { PasswordHasher } from './lib/passwords.ts'
+import { Problem } from './lib/openapi.ts'
+import authPlugin from './auth/auth.plugin.ts'
+import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
+import usersRoutes from './users/users.routes.ts'
+import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
+import apiKeysRoutes from './api-keys/api-keys.routes.ts'
+import { Event } from './events/events.schemas.ts'
+import eventsRoutes from './events/events.routes.ts'
+import systemRoutes, { RELEASE } from './system/system.routes.ts'
+
+export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    config: Config
+    db: Db
+    passwords: PasswordHasher
+  }
+  interface FastifyContextConfig {
+    /** Served at a 3.6.1 path: answered with Deprecation, Sunset and successor Link headers. */
+    legacy?: boolean
+    /** Media types the body may have; others get 415 before the body is read. */
+    accepts?: string[]
+  }
+}
+
+export interface BuildOptions {
+  config: Config
+  /** Pass a database to share it (tests, CLI); otherwise one is opened from config and closed with the app. */
+  db?: Db
+  /** Run migrations before serving (default true). */
+  migrate?: boolean
+  logger?: FastifyServerOptions['logger']
+}
+
+const REQUEST_ID = /^[A-Za-z0-9._:-]{1,64}$/
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event]
+
+/** Request log lines carry the path, never a credential given in the query string. */
+export function redactUrl (url: string): string {
+  return url.replace(/([?&]API_KEY=)[^&#]*/gi, '$1[redacted]')
+}
+
+export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
+  const { config } = options
+  const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
+    logger: options.logger ?? {
+      level: config.logLevel,
+      redact: { paths: ['req.headers.authorization', 'req.headers["x-api-key"]', 'req.headers.cookie'], censor: '[redacted]' },
+      serializers: {
+        req: (req) => ({ method: req.method, url: redactUrl(req.url), remoteAddress: req.ip }),
+        res: (res) => ({ statusCode: res.statusCode })
+      }
+    },
+    // Unknown and read-only fields are an error, not something to drop silently;
+    // strings from forms and query strings are coerced to the declared types.
+    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true, allErrors: true } },
+    bodyLimit: config.bodyLimitBytes,
+    requestTimeout: config.requestTimeoutMs,
+    // A hop count is valid at run time; Fastify's types only list the other forms.
+    trustProxy: config.trustProxy as boolean | string,
+    onProtoPoisoning: 'error',
+    onConstructorPoisoning: 'error',
+    requestIdHeader: false,
+    genReqId: (req) => {
+      const given = req.headers['x-request-id']
+      return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID()
+    },
+    return503OnClosing: true,
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }
+  }).withTypeProvider<TypeBoxTypeProvider>()
+
+  const db = options.db ?? createDb(config)
+  if (options.db === undefined) app.addHook('onClose', async () => { await db.destroy() })
+  if (options.migrate !== false) await migrateToLatest(db, config.databaseSchema)
+
+  app.decorate('config', config)
+  app.decorate('db', db)
+  app.decorate('passwords', new PasswordHasher(config))
+
+  registerErrorHandling(app)
+  for (const schema of SHARED_SCHEMAS) app.addSchema(schema)
+
+  await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
+  await app.register(multipart, {
+    attachFieldsToBody: 'keyValues',
+    limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
+  })
+  app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, app.getDefaultJsonParser('error', 'error'))
+
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('X-Request-Id', request.id)
+  })
+  app.addHook('preParsing', async (request) => {
+    const accepts = request.routeOptions.config.accepts
+    const type = request.headers['content-type']
+    if (accepts === undefined || type === undefined) return
+    const essence = type.split(';')[0]!.trim().toLowerCase()
+    if (!accepts.includes(essence)) {
+      throw new AppError('unsupported_media_type', 415, `This operation takes ${accepts.join(', ')}; got ${essence}.`)
+    }
+  })
+  const successorOffset = config.basePath.length
+  app.addHook('onSend', async (request, reply, payload) => {
+    reply.header('Cache-Control', 'no-store')
+    reply.header('X-Content-Type-Options', 'nosniff')
+    reply.header('Referrer-Policy', 'no-referrer')
+    if (request.routeOptions.config.legacy === true) {
+      const path = request.url.split('?')[0]!
+      reply.header('Deprecation', `@${Math.floor(DEPRECATED_AT.getTime() / 1000)}`)
+      reply.header('Sunset', config.legacySunset.toUTCString())
+      reply.header('Link', appendLink(reply.getHeader('Link'), `<${config.basePath}/api${path.slice(successorOffset)}>; rel="successor-version"`))
+    }
+    return payload
+  })
+
+  if (config.docsEnabled) await registerDocs(app, config)
+
+  await app.register(async (api: FastifyTypeBox) => {
+    await api.register(authPlugin)
+    await api.register(systemRoutes)
+    await api.register(usersRoutes)
+    await api.register(apiKeysRoutes)
+    await api.register(eventsRoutes)
+  }, { prefix: config.basePath })
+
+  return app
+}
+
+/** When the 3.6.1 paths were deprecated: the first release that serves /api. */
+const DEPRECATED_AT = new Date('2026-11-01T00:00:00Z')
+
+function appendLink (existing: unknown, link: string): string {
+  return typeof existing === 'string' && existing !== '' ? `${existing}, ${link}` : link
+}
+
+async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void> {
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'gatehouse: Auth API',
+        version: RELEASE,
+        description: 'Manages the users of the web UI of the workflow and data-pipeline service: list, create, read, update and delete them; ' +
+          'issue revocable API keys; read the event log. Operations tagged `default` are the current release (`/api/...`); ' +
+          'those tagged `legacy` are release 3.6.1\'s paths, kept as deprecated aliases.\n\n' +
+          'Authorize with an API key: as `?API_KEY=` (as the main API does), `X-API-Key`, or `Authorization: Bearer`. ' +
+          'Every error is `application/problem+json` with a stable `code`.'
+      },
+      tags: [
+        { name: 'default', description: 'Users: the current release\'s paths.' },
+        { name: 'api-keys', description: 'Revocable API keys.' },
+        { name: 'events', description: 'The record of every change.' },
+        { name: 'system', description: 'Version, health and readiness.' },
+        { name: 'legacy', description: 'Release 3.6.1 paths: same operations, deprecated.' }
+      ],
+      components: {
+        securitySchemes: {
+          ApiKeyQuery: { type: 'apiKey', in: 'query', name: 'API_KEY', description: 'The main API\'s form; can be switched off.' },
+          ApiKeyHeader: { type: 'apiKey', in: 'header', name: 'X-API-Key' },
+          Bearer: { type: 'http', scheme: 'bearer', description: 'An API key as a bearer token.' }
+        }
+      }
+    },
+    // Keep the $id names (User, Problem, …) in components.schemas instead of def-0, def-1, ….
+    refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => typeof json.$id === 'string' ? json.$id : `def-${i}` }
+  })
+  await app.register(swaggerUi, {
+    routePrefix: `${config.basePath}/docs`,
+    uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false },
+    staticCSP: true
+  })
+  app.get(`${config.basePath}/openapi.json`, { schema: { hide: true } }, async () => app.swagger())
+}

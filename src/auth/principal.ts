@@ -1,0 +1,36 @@
+import { Type } from 'typebox'
+
+export const SCOPES = ['admin', 'users:read', 'users:write', 'events:read'] as const
+export type Scope = typeof SCOPES[number]
+export const ScopeSchema = Type.Enum(SCOPES, {
+  description: '`admin` grants everything; the others grant one kind of access.'
+})
+
+/** Who is calling. Attached to every authenticated request and recorded as the actor of events. */
+export interface Principal {
+  type: 'api_key'
+  /** The key's id (never its secret). */
+  id: string
+  /** The user the credential acts for, when it belongs to one. */
+  userId: string | null
+  /** What the credential may do now, after its owner's role is taken into account. */
+  scopes: ReadonlySet<Scope>
+}
+
+export function hasScope (principal: Principal, scope: Scope): boolean {
+  return principal.scopes.has('admin') || principal.scopes.has(scope)
+}
+
+export function isAdmin (principal: Principal): boolean {
+  return principal.scopes.has('admin')
+}
+
+/** The actor and request facts every event carries. */
+export interface RequestContext {
+  actorType: 'api_key' | 'user' | 'system'
+  actorId: string | null
+  requestId: string | null
+  clientIp: string | null
+}
+
+export const SYSTEM_CONTEXT: RequestContext = { actorType: 'system', actorId: null, requestId: null, clientIp: null }

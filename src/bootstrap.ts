@@ -1,0 +1,71 @@
+import type { FastifyBaseLogger } from 'fastify'
+import type { Config } from './config.ts'
+import type { Db } from './db/database.ts'
+import { ConfigError } from './config.ts'
+import { SYSTEM_CONTEXT } from './auth/principal.ts'
+import { digestOf, generateApiKeySecret, insertKeyForSecret } from './api-keys/api-keys.service.ts'
+import { createUser, type UsersDeps } from './users/users.service.ts'
+import type { PasswordHasher } from './lib/passwords.ts'
+
+const BOOTSTRAP_MARK = 'bootstrap_key_issued'
+const MIN_CONFIGURED_KEY_LENGTH = 32
+
+export interface BootstrapResult {
+  /** The generated key, when one was made; the caller prints it once. */
+  generatedKey?: string
+}
+
+/**
+ * Makes sure a fresh deployment has a way in, without any default password:
+ * a key from GATEHOUSE_ADMIN_API_KEY, an admin user from
+ * GATEHOUSE_ADMIN_USERNAME/PASSWORD, or, when neither is configured and the
+ * database has no admin at all, one generated key that the caller prints once.
+ */
+export async function bootstrap (db: Db, passwords: PasswordHasher, config: Config, log: FastifyBaseLogger): Promise<BootstrapResult> {
+  const ctx = SYSTEM_CONTEXT
+  if (config.bootstrapAdminApiKey !== undefined) {
+    const secret = config.bootstrapAdminApiKey
+    if (secret.length < MIN_CONFIGURED_KEY_LENGTH) throw new ConfigError(`GATEHOUSE_ADMIN_API_KEY must have at least ${MIN_CONFIGURED_KEY_LENGTH} characters`)
+    const known = await db.selectFrom('api_keys').select('id').where('digest', '=', digestOf(secret)).executeTakeFirst()
+    if (known === undefined) {
+      await db.transaction().execute(async trx => {
+        await insertKeyForSecret(trx, ctx, secret, { name: 'GATEHOUSE_ADMIN_API_KEY', scopes: ['admin'], userId: null, expiresAt: null })
+        await markBootstrapped(trx)
+      })
+      log.info('registered GATEHOUSE_ADMIN_API_KEY as an admin API key')
+    }
+  }
+  if (config.bootstrapAdminUsername !== undefined && config.bootstrapAdminPassword !== undefined) {
+    const username = config.bootstrapAdminUsername
+    const existing = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
+    if (existing === undefined) {
+      const deps: UsersDeps = { db, passwords, passwordPolicy: { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength } }
+      const systemAdmin = { type: 'api_key' as const, id: 'system', userId: null, scopes: new Set(['admin'] as const) }
+      await createUser(deps, systemAdmin, ctx, { username, password: config.bootstrapAdminPassword, role: 'admin' })
+      await db.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })
+        .onConflict(oc => oc.column('key').doNothing()).execute()
+      log.info({ username }, 'created the first admin user from GATEHOUSE_ADMIN_USERNAME')
+    }
+  }
+  if (config.bootstrapAdminApiKey !== undefined || config.bootstrapAdminUsername !== undefined) return {}
+
+  const admins = await db.selectFrom('users').select('id').where('role', '=', 'admin').limit(1).executeTakeFirst()
+  if (admins !== undefined) return {}
+  // The mark is taken in the same transaction as the key, so of several
+  // instances starting on one empty database exactly one issues a key, and a
+  // restart never issues another.
+  const secret = generateApiKeySecret()
+  const issued = await db.transaction().execute(async trx => {
+    const marked = await markBootstrapped(trx)
+    if (!marked) return false
+    await insertKeyForSecret(trx, ctx, secret, { name: 'bootstrap', scopes: ['admin'], userId: null, expiresAt: null })
+    return true
+  })
+  return issued ? { generatedKey: secret } : {}
+}
+
+async function markBootstrapped (trx: Db): Promise<boolean> {
+  const result = await trx.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })
+    .onConflict(oc => oc.column('key').doNothing()).executeTakeFirst()
+  return (result.numInsertedOrUpdatedRows ?? 0n) > 0n
+}

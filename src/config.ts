@@ -1,0 +1,159 @@
+import { availableParallelism } from 'node:os'
+
+/**
+ * Every knob the service has. Read once from the environment at start-up
+ * (`loadConfig`), or built directly by tests through `buildApp({ config })`.
+ * Documented for administrators in docs/configuration.md.
+ */
+export interface Config {
+  host: string
+  port: number
+  /** Where the whole API is mounted; the docs live at `${basePath}/docs`. */
+  basePath: string
+  /** `sqlite:<file>`, `sqlite::memory:` or `postgres://…`. */
+  databaseUrl: string
+  /** PostgreSQL schema to use (search_path); lets one database hold several deployments or test runs. */
+  databaseSchema: string | undefined
+  databasePoolSize: number
+  /** Upper bound for one SQL statement (PostgreSQL statement_timeout, SQLite busy timeout). */
+  databaseStatementTimeoutMs: number
+  logLevel: string
+  /** Accept `?API_KEY=` as the main API does. Off means header credentials only. */
+  allowQueryApiKey: boolean
+  bodyLimitBytes: number
+  requestTimeoutMs: number
+  maxPageSize: number
+  /** argon2id parameters for new hashes; see docs/security.md. */
+  argon2MemoryKib: number
+  argon2TimeCost: number
+  argon2Parallelism: number
+  /** Hashes computed at once; the rest queue, and past `hashQueueLimit` requests get 503. */
+  hashConcurrency: number
+  hashQueueLimit: number
+  passwordMinLength: number
+  passwordMaxLength: number
+  /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
+  trustProxy: boolean | string | number
+  docsEnabled: boolean
+  /** Retirement date announced for the 3.6.1 paths in the `Sunset` header. */
+  legacySunset: Date
+  bootstrapAdminApiKey: string | undefined
+  bootstrapAdminUsername: string | undefined
+  bootstrapAdminPassword: string | undefined
+}
+
+export class ConfigError extends Error {}
+
+const DEFAULTS: Config = {
+  host: '127.0.0.1',
+  port: 8080,
+  basePath: '/auth',
+  databaseUrl: 'sqlite:./data/gatehouse.db',
+  databaseSchema: undefined,
+  databasePoolSize: 10,
+  databaseStatementTimeoutMs: 5000,
+  logLevel: 'info',
+  allowQueryApiKey: true,
+  bodyLimitBytes: 64 * 1024,
+  requestTimeoutMs: 30_000,
+  maxPageSize: 1000,
+  argon2MemoryKib: 19_456,
+  argon2TimeCost: 2,
+  argon2Parallelism: 1,
+  hashConcurrency: Math.max(1, availableParallelism()),
+  hashQueueLimit: 64,
+  passwordMinLength: 8,
+  passwordMaxLength: 256,
+  trustProxy: false,
+  docsEnabled: true,
+  legacySunset: new Date('2027-12-31T00:00:00Z'),
+  bootstrapAdminApiKey: undefined,
+  bootstrapAdminUsername: undefined,
+  bootstrapAdminPassword: undefined
+}
+
+/** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
+export const ARGON2_MIN_MEMORY_KIB = 19_456
+export const ARGON2_MIN_TIME_COST = 2
+
+export function defaultConfig (overrides: Partial<Config> = {}): Config {
+  return validate({ ...DEFAULTS, ...overrides })
+}
+
+export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
+  const c: Config = { ...DEFAULTS }
+  const str = (name: string): string | undefined => {
+    const v = env[name]
+    return v === undefined || v === '' ? undefined : v
+  }
+  const int = (name: string, fallback: number): number => {
+    const v = str(name)
+    if (v === undefined) return fallback
+    if (!/^\d+$/.test(v)) throw new ConfigError(`${name} must be a whole number, got "${v}"`)
+    return Number(v)
+  }
+  const bool = (name: string, fallback: boolean): boolean => {
+    const v = str(name)
+    if (v === undefined) return fallback
+    if (/^(1|true|yes|on)$/i.test(v)) return true
+    if (/^(0|false|no|off)$/i.test(v)) return false
+    throw new ConfigError(`${name} must be true or false, got "${v}"`)
+  }
+
+  c.host = str('HOST') ?? c.host
+  c.port = int('PORT', c.port)
+  c.basePath = str('BASE_PATH') ?? c.basePath
+  c.databaseUrl = str('DATABASE_URL') ?? c.databaseUrl
+  c.databaseSchema = str('DATABASE_SCHEMA')
+  c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
+  c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
+  c.logLevel = str('LOG_LEVEL') ?? c.logLevel
+  c.allowQueryApiKey = bool('ALLOW_QUERY_API_KEY', c.allowQueryApiKey)
+  c.bodyLimitBytes = int('BODY_LIMIT_BYTES', c.bodyLimitBytes)
+  c.requestTimeoutMs = int('REQUEST_TIMEOUT_MS', c.requestTimeoutMs)
+  c.maxPageSize = int('MAX_PAGE_SIZE', c.maxPageSize)
+  c.argon2MemoryKib = int('ARGON2_MEMORY_KIB', c.argon2MemoryKib)
+  c.argon2TimeCost = int('ARGON2_TIME_COST', c.argon2TimeCost)
+  c.argon2Parallelism = int('ARGON2_PARALLELISM', c.argon2Parallelism)
+  c.hashConcurrency = int('HASH_CONCURRENCY', c.hashConcurrency)
+  c.hashQueueLimit = int('HASH_QUEUE_LIMIT', c.hashQueueLimit)
+  c.passwordMinLength = int('PASSWORD_MIN_LENGTH', c.passwordMinLength)
+  const trustProxy = str('TRUST_PROXY')
+  if (trustProxy !== undefined) {
+    c.trustProxy = /^(true|false)$/i.test(trustProxy)
+      ? trustProxy.toLowerCase() === 'true'
+      : /^\d+$/.test(trustProxy) ? Number(trustProxy) : trustProxy
+  }
+  c.docsEnabled = bool('DOCS_ENABLED', c.docsEnabled)
+  const sunset = str('LEGACY_SUNSET')
+  if (sunset !== undefined) c.legacySunset = new Date(sunset)
+  c.bootstrapAdminApiKey = str('GATEHOUSE_ADMIN_API_KEY')
+  c.bootstrapAdminUsername = str('GATEHOUSE_ADMIN_USERNAME')
+  c.bootstrapAdminPassword = str('GATEHOUSE_ADMIN_PASSWORD')
+  return validate(c)
+}
+
+function validate (c: Config): Config {
+  if (!/^(\/[A-Za-z0-9._~-]+)*$/.test(c.basePath)) {
+    throw new ConfigError(`BASE_PATH must look like /auth (no trailing slash), got "${c.basePath}"`)
+  }
+  if (!/^(sqlite:|postgres(ql)?:\/\/)/.test(c.databaseUrl)) {
+    throw new ConfigError('DATABASE_URL must start with sqlite: or postgres://')
+  }
+  if (c.databaseSchema !== undefined && !/^[a-z_][a-z0-9_]{0,62}$/.test(c.databaseSchema)) {
+    throw new ConfigError('DATABASE_SCHEMA must be a lower-case SQL identifier')
+  }
+  if (c.maxPageSize < 1 || c.maxPageSize > 10_000) throw new ConfigError('MAX_PAGE_SIZE must be 1–10000')
+  if (c.passwordMinLength < 8 || c.passwordMinLength > c.passwordMaxLength) {
+    throw new ConfigError(`PASSWORD_MIN_LENGTH must be between 8 and ${c.passwordMaxLength}`)
+  }
+  if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
+    throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
+  }
+  if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
+  if (Number.isNaN(c.legacySunset.getTime())) throw new ConfigError('LEGACY_SUNSET must be a date')
+  if ((c.bootstrapAdminUsername === undefined) !== (c.bootstrapAdminPassword === undefined)) {
+    throw new ConfigError('GATEHOUSE_ADMIN_USERNAME and GATEHOUSE_ADMIN_PASSWORD go together')
+  }
+  return Object.freeze(c)
+}

@@ -1,0 +1,33 @@
+import type { Db } from '../db/database.ts'
+import type { ListEventsQuery } from './events.schemas.ts'
+
+export interface NewEventRow {
+  id: string
+  type: string
+  occurred_at: string
+  actor_type: string
+  actor_id: string | null
+  target_type: string | null
+  target_id: string | null
+  request_id: string | null
+  client_ip: string | null
+  data: string
+}
+
+export async function insertEvent (db: Db, event: NewEventRow): Promise<void> {
+  await db.insertInto('events').values(event).execute()
+}
+
+/** Newest first; `beforeId` continues a page. Returns one row more than asked, to tell whether more exist. */
+export async function listEvents (db: Db, filter: Omit<ListEventsQuery, 'cursor' | 'limit'>, limit: number, beforeId: string | undefined) {
+  return await db.selectFrom('events').selectAll()
+    .$if(filter.type !== undefined, q => q.where('type', '=', filter.type!))
+    .$if(filter.actor_id !== undefined, q => q.where('actor_id', '=', filter.actor_id!))
+    .$if(filter.target_id !== undefined, q => q.where('target_id', '=', filter.target_id!))
+    .$if(filter.since !== undefined, q => q.where('occurred_at', '>=', new Date(filter.since!).toISOString()))
+    .$if(filter.until !== undefined, q => q.where('occurred_at', '<', new Date(filter.until!).toISOString()))
+    .$if(beforeId !== undefined, q => q.where('id', '<', beforeId!))
+    .orderBy('id', 'desc')
+    .limit(limit + 1)
+    .execute()
+}

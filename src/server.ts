@@ -1,0 +1,34 @@
+import closeWithGrace from 'close-with-grace'
+import { buildApp } from './app.ts'
+import { bootstrap } from './bootstrap.ts'
+import { ConfigError, loadConfig } from './config.ts'
+
+let config
+try {
+  config = loadConfig()
+} catch (error) {
+  if (error instanceof ConfigError) {
+    process.stderr.write(`gatehouse: ${error.message}\n`)
+    process.exit(2)
+  }
+  throw error
+}
+
+const app = await buildApp({ config })
+const { generatedKey } = await bootstrap(app.db, app.passwords, config, app.log)
+const address = await app.listen({ host: config.host, port: config.port })
+const base = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${config.port}${config.basePath}`
+
+if (generatedKey !== undefined) {
+  // Printed once, to the terminal only: the database keeps just its digest.
+  process.stdout.write(
+    `\nAdmin API key (shown once, store it now): ${generatedKey}\n` +
+    `Open ${base}/docs, click Authorize, paste this key.\n\n`
+  )
+}
+app.log.info({ address, docs: `${base}/docs` }, 'gatehouse is serving')
+
+closeWithGrace({ delay: 10_000 }, async ({ err }) => {
+  if (err !== undefined) app.log.error({ err }, 'shutting down after an error')
+  await app.close()
+})

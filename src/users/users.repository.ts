@@ -1,0 +1,119 @@
+import { sql, type Selectable, type Updateable } from 'kysely'
+import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
+import type { ListUsersQuery, Sort } from './users.schemas.ts'
+
+export type UserRow = Selectable<UsersTable>
+export type UserRowUpdate = Updateable<UsersTable>
+
+export interface NewUserRow {
+  id: string
+  username: string
+  username_key: string
+  email: string | null
+  email_key: string | null
+  first_name: string | null
+  last_name: string | null
+  role: 'admin' | 'user'
+  groups: string
+  disabled: boolean
+  password_hash: string | null
+  version: number
+  created_at: string
+  updated_at: string
+  last_login_at: null
+  password_changed_at: string | null
+}
+
+/** The columns a User is made of: never the password hash. */
+const PUBLIC_COLUMNS = [
+  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled',
+  'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
+] as const
+export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
+
+export async function insertUser (db: Db, row: NewUserRow): Promise<PublicUserRow> {
+  return await db.insertInto('users').values(row).returning(PUBLIC_COLUMNS).executeTakeFirstOrThrow()
+}
+
+export async function findUserById (db: Db, id: string, options: { forUpdate?: boolean } = {}): Promise<UserRow | undefined> {
+  return await db.selectFrom('users').selectAll().where('id', '=', id)
+    .$if(options.forUpdate === true && isPostgres(db), q => q.forUpdate())
+    .executeTakeFirst()
+}
+
+export async function findPublicUserById (db: Db, id: string): Promise<PublicUserRow | undefined> {
+  return await db.selectFrom('users').select(PUBLIC_COLUMNS).where('id', '=', id).executeTakeFirst()
+}
+
+/** Applies a change only if the row is still at `expectedVersion`; undefined when it is not. */
+export async function updateUser (db: Db, id: string, expectedVersion: number, changes: UserRowUpdate): Promise<PublicUserRow | undefined> {
+  return await db.updateTable('users').set(changes)
+    .where('id', '=', id).where('version', '=', expectedVersion)
+    .returning(PUBLIC_COLUMNS).executeTakeFirst()
+}
+
+export async function deleteUser (db: Db, id: string): Promise<boolean> {
+  const result = await db.deleteFrom('users').where('id', '=', id).executeTakeFirst()
+  return result.numDeletedRows > 0n
+}
+
+/**
+ * Ids of the enabled admins, locked on PostgreSQL so that two requests that
+ * each remove a different admin cannot both see the other as the remaining one.
+ * (SQLite runs one write transaction at a time, which gives the same guarantee.)
+ */
+export async function lockEnabledAdminIds (db: Db): Promise<string[]> {
+  const rows = await db.selectFrom('users').select('id')
+    .where('role', '=', 'admin').where('disabled', '=', false)
+    .$if(isPostgres(db), q => q.forUpdate())
+    .execute()
+  return rows.map(r => r.id)
+}
+
+const SORT_COLUMNS: Record<Sort, ['created_at' | 'username_key' | 'updated_at', 'asc' | 'desc']> = {
+  created_at: ['created_at', 'asc'],
+  '-created_at': ['created_at', 'desc'],
+  username: ['username_key', 'asc'],
+  '-username': ['username_key', 'desc'],
+  updated_at: ['updated_at', 'asc'],
+  '-updated_at': ['updated_at', 'desc']
+}
+
+export type UserFilter = Omit<ListUsersQuery, 'limit' | 'cursor' | 'sort'>
+
+/**
+ * One keyset page: rows strictly after `after` = [sort value, id] in the
+ * requested order. The id breaks ties, so every row is seen exactly once.
+ */
+export async function listUsers (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<PublicUserRow[]> {
+  const [column, direction] = SORT_COLUMNS[sort]
+  const pg = isPostgres(db)
+  const cmp = direction === 'asc' ? '>' : '<'
+  const needle = filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined
+  return await db.selectFrom('users').select(PUBLIC_COLUMNS)
+    .$if(needle !== undefined, q => q.where(eb => eb.or([
+      eb(sql`username_key`, 'like', sql`${needle} escape '\\'`),
+      eb(sql`email_key`, 'like', sql`${needle} escape '\\'`),
+      eb(sql`lower(first_name)`, 'like', sql`${needle} escape '\\'`),
+      eb(sql`lower(last_name)`, 'like', sql`${needle} escape '\\'`)
+    ])))
+    .$if(filter.username !== undefined, q => q.where('username_key', '=', filter.username!.toLowerCase()))
+    .$if(filter.email !== undefined, q => q.where('email_key', '=', filter.email!.toLowerCase()))
+    .$if(filter.role !== undefined, q => q.where('role', '=', filter.role!))
+    .$if(filter.disabled !== undefined, q => q.where('disabled', '=', filter.disabled!))
+    .$if(filter.group !== undefined, q => q.where(pg
+      ? sql<boolean>`groups ? ${filter.group}`
+      : sql<boolean>`exists (select 1 from json_each(users.groups) where json_each.value = ${filter.group})`))
+    .$if(after !== undefined, q => q.where(eb => eb.or([
+      eb(column, cmp, after![0]),
+      eb.and([eb(column, '=', after![0]), eb('id', cmp, after![1])])
+    ])))
+    .orderBy(column, direction)
+    .orderBy('id', direction)
+    .limit(limit)
+    .execute()
+}
+
+function escapeLike (value: string): string {
+  return value.replace(/[\\%_]/g, c => `\\${c}`)
+}

@@ -1,0 +1,141 @@
+import { Readable } from 'node:stream'
+import fastJson from 'fast-json-stringify'
+import { Type } from 'typebox'
+import type { FastifyTypeBox } from '../app.ts'
+import { requestContext } from '../auth/auth.plugin.ts'
+import { setNextLink } from '../lib/paging.ts'
+import { FAMILIES, problems, ref, SECURITY } from '../lib/openapi.ts'
+import { IfMatchHeaders, ListUsersQuery, User, UserCreate, UserIdParams, UserPatch } from './users.schemas.ts'
+import {
+  createUser,
+  deleteUserById,
+  etagOf,
+  getUser,
+  listUsersPage,
+  streamUsers,
+  updateUserById,
+  type UsersDeps
+} from './users.service.ts'
+
+const CREATE_TYPES = ['application/json', 'application/x-www-form-urlencoded', 'multipart/form-data']
+const PATCH_TYPES = ['application/merge-patch+json', 'application/json']
+
+export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
+  const deps: UsersDeps = {
+    db: app.db,
+    passwords: app.passwords,
+    passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength }
+  }
+  const serializeUser = fastJson(User)
+  const UserRef = ref(User)
+
+  for (const family of FAMILIES) {
+    const base = `${family.prefix}/users`
+    const common = { tags: [family.tag], deprecated: family.legacy || undefined, security: SECURITY }
+
+    app.post(base, {
+      schema: {
+        ...common,
+        operationId: family.operationId('create_user_users_post'),
+        summary: 'Create User',
+        description: 'Creates a user of the web UI. Takes JSON, form-urlencoded or multipart fields (all strings, as 3.6.1 clients send them). ' +
+          'This does not create a database user; see the README for that optional step.',
+        consumes: CREATE_TYPES,
+        body: ref(UserCreate),
+        response: { 201: { ...UserRef, description: 'The created user; `Location` names it and `ETag` versions it.' }, ...problems(401, 403, 409, 413, 415, 422, 503) }
+      },
+      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES }
+    }, async (request, reply) => {
+      const { user, version } = await createUser(deps, request.principal!, requestContext(request), request.body)
+      return await reply.code(201)
+        .header('Location', `${app.config.basePath}${base}/${user.id}`)
+        .header('ETag', etagOf(version))
+        .send(user)
+    })
+
+    app.get(base, {
+      schema: {
+        ...common,
+        operationId: family.operationId('list_users_users_get'),
+        summary: 'List Users',
+        description: 'Without `limit`: every user matching the filters, as one JSON array streamed from the database (memory stays flat however many users exist). ' +
+          'With `limit`: one page; the next page is in the `Link: rel="next"` header.',
+        querystring: ListUsersQuery,
+        response: { 200: { ...Type.Array(UserRef), description: 'Users, in the requested order.' }, ...problems(401, 403, 422, 503) }
+      },
+      config: { scope: 'users:read', legacy: family.legacy }
+    }, async (request, reply) => {
+      const { limit, cursor, sort = 'created_at', ...filter } = request.query
+      if (limit === undefined && cursor === undefined) {
+        reply.type('application/json; charset=utf-8')
+        // A stream bypasses the response serializer; each user is serialized with the same schema.
+        return await reply.send(Readable.from(jsonArray(streamUsers(deps, filter, sort), serializeUser)) as never)
+      }
+      const page = await listUsersPage(deps, filter, sort, limit ?? 100, cursor)
+      if (page.nextCursor !== undefined) setNextLink(request, reply, page.nextCursor)
+      return page.users
+    })
+
+    app.get(`${base}/:user_id`, {
+      schema: {
+        ...common,
+        operationId: family.operationId('get_user_users__user_id__get'),
+        summary: 'Get User',
+        params: UserIdParams,
+        response: { 200: { ...UserRef, description: 'The user; `ETag` versions it.' }, ...problems(401, 403, 404, 422, 503) }
+      },
+      config: { scope: 'users:read', legacy: family.legacy }
+    }, async (request, reply) => {
+      const { user, version } = await getUser(deps, request.params.user_id)
+      return await reply.header('ETag', etagOf(version)).send(user)
+    })
+
+    app.patch(`${base}/:user_id`, {
+      schema: {
+        ...common,
+        operationId: family.operationId('update_user_users__user_id__patch'),
+        summary: 'Update User',
+        description: 'A JSON merge patch (RFC 7396). Send `If-Match` with the ETag you read to refuse lost updates (412). ' +
+          'Disabling a user revokes their API keys. The last enabled admin cannot be disabled or demoted (409 `last_admin`).',
+        consumes: PATCH_TYPES,
+        params: UserIdParams,
+        headers: IfMatchHeaders,
+        body: ref(UserPatch),
+        response: { 200: { ...UserRef, description: 'The updated user; `ETag` versions it.' }, ...problems(401, 403, 404, 409, 412, 413, 415, 422, 503) }
+      },
+      config: { scope: 'users:write', legacy: family.legacy, accepts: PATCH_TYPES }
+    }, async (request, reply) => {
+      const { user, version } = await updateUserById(deps, request.principal!, requestContext(request), request.params.user_id, request.body, request.headers['if-match'])
+      return await reply.header('ETag', etagOf(version)).send(user)
+    })
+
+    app.delete(`${base}/:user_id`, {
+      schema: {
+        ...common,
+        operationId: family.operationId('delete_user_users__user_id__delete'),
+        summary: 'Delete User',
+        description: 'Deletes the user whose `id` (from the list) is `user_id`, and their API keys. This does not remove a database user; see the README. ' +
+          'The last enabled admin cannot be deleted (409 `last_admin`).',
+        params: UserIdParams,
+        headers: IfMatchHeaders,
+        response: { 204: { type: 'null', description: 'Deleted.' }, ...problems(401, 403, 404, 409, 412, 422, 503) }
+      },
+      config: { scope: 'users:write', legacy: family.legacy }
+    }, async (request, reply) => {
+      await deleteUserById(deps, request.principal!, requestContext(request), request.params.user_id, request.headers['if-match'])
+      return await reply.code(204).send(null)
+    })
+  }
+}
+
+/** Streams `[a,b,…]` a batch at a time. */
+async function * jsonArray<T> (batches: AsyncIterable<T[]>, serialize: (item: T) => string): AsyncGenerator<string> {
+  let first = true
+  yield '['
+  for await (const batch of batches) {
+    const text = batch.map(serialize).join(',')
+    yield first ? text : ',' + text
+    first = false
+  }
+  yield ']'
+}

@@ -1,0 +1,251 @@
+import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
+import { AppError } from '../errors.ts'
+import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
+import { recordEvent, REDACTED } from '../events/events.service.ts'
+import { newId, nowIso } from '../lib/ids.ts'
+import { decodeCursor, encodeCursor } from '../lib/paging.ts'
+import type { PasswordHasher } from '../lib/passwords.ts'
+import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
+import {
+  deleteUser,
+  findPublicUserById,
+  findUserById,
+  insertUser,
+  listUsers,
+  lockEnabledAdminIds,
+  updateUser,
+  type PublicUserRow,
+  type UserFilter,
+  type UserRowUpdate
+} from './users.repository.ts'
+import type { Sort, User, UserCreate, UserPatch } from './users.schemas.ts'
+
+export interface UsersDeps {
+  db: Db
+  passwords: PasswordHasher
+  passwordPolicy: { minLength: number, maxLength: number }
+}
+
+/** A user plus the version its ETag is made from. */
+export interface VersionedUser { user: User, version: number }
+
+export function toUser (row: PublicUserRow): User {
+  return {
+    id: row.id,
+    username: row.username,
+    email: row.email,
+    first_name: row.first_name,
+    last_name: row.last_name,
+    role: row.role,
+    groups: toStringArray(row.groups),
+    disabled: toBool(row.disabled),
+    created_at: toIso(row.created_at),
+    updated_at: toIso(row.updated_at),
+    last_login_at: toIso(row.last_login_at),
+    password_changed_at: toIso(row.password_changed_at)
+  }
+}
+
+export function etagOf (version: number): string {
+  return `"${version}"`
+}
+
+/** RFC 9110 If-Match: `*` or a list of strong tags; weak tags never match. */
+function assertIfMatch (ifMatch: string | undefined, version: number): void {
+  if (ifMatch === undefined) return
+  const current = etagOf(version)
+  const tags = ifMatch.split(',').map(t => t.trim())
+  if (!tags.includes('*') && !tags.includes(current)) {
+    throw new AppError('precondition_failed', 412, 'The user changed since you read it (If-Match does not match the current ETag); read it again and retry.')
+  }
+}
+
+function userNotFound (id: string): AppError {
+  return new AppError('user_not_found', 404, `No user has the id ${id}.`)
+}
+
+/** Length and context rules of docs/security.md (common-password screening comes with sign-in). */
+export function checkPasswordPolicy (password: string, username: string, policy: UsersDeps['passwordPolicy']): void {
+  const length = [...password].length
+  const at = [{ in: 'body', pointer: '/password', detail: '' }]
+  if (length < policy.minLength) {
+    throw new AppError('password_too_short', 422, `The password must have at least ${policy.minLength} characters.`, { errors: [{ ...at[0]!, detail: `is shorter than ${policy.minLength} characters` }] })
+  }
+  if (length > policy.maxLength) {
+    throw new AppError('password_too_long', 422, `The password must have at most ${policy.maxLength} characters.`, { errors: [{ ...at[0]!, detail: `is longer than ${policy.maxLength} characters` }] })
+  }
+  if (password.toLowerCase().includes(username.toLowerCase())) {
+    throw new AppError('password_contains_username', 422, 'The password must not contain the username.', { errors: [{ ...at[0]!, detail: 'contains the username' }] })
+  }
+}
+
+/** Only admins grant or hold admin powers: a `users:write` credential cannot create, edit or remove an admin. */
+function assertMayManage (principal: Principal, target: { role: string } | undefined, wantsRole: string | undefined): void {
+  if (isAdmin(principal)) return
+  if (wantsRole !== undefined || target?.role === 'admin') {
+    throw new AppError('forbidden', 403, 'Only an admin may set roles or change an admin account.')
+  }
+}
+
+export async function createUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserCreate): Promise<VersionedUser> {
+  assertMayManage(principal, undefined, input.role)
+  const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
+  const now = nowIso()
+  const email = input.email ?? null
+  const row = await deps.db.transaction().execute(async trx => {
+    const inserted = await insertUser(trx, {
+      id: newId(),
+      username: input.username,
+      username_key: input.username.toLowerCase(),
+      email,
+      email_key: email?.toLowerCase() ?? null,
+      first_name: input.first_name ?? null,
+      last_name: input.last_name ?? null,
+      role: input.role ?? 'user',
+      groups: JSON.stringify(input.groups ?? []),
+      disabled: input.disabled ?? false,
+      password_hash: passwordHash,
+      version: 1,
+      created_at: now,
+      updated_at: now,
+      last_login_at: null,
+      password_changed_at: passwordHash !== null ? now : null
+    })
+    const user = toUser(inserted)
+    await recordEvent(trx, ctx, 'user.created', { type: 'user', id: user.id }, {
+      ...withoutTimestamps(user),
+      ...(passwordHash !== null ? { password: REDACTED } : {})
+    })
+    return inserted
+  })
+  return { user: toUser(row), version: row.version }
+}
+
+export async function getUser (deps: UsersDeps, id: string): Promise<VersionedUser> {
+  const row = await findPublicUserById(deps.db, id)
+  if (row === undefined) throw userNotFound(id)
+  return { user: toUser(row), version: row.version }
+}
+
+export interface UsersPage { users: User[], nextCursor: string | undefined }
+
+export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
+  const after = cursor !== undefined ? decodeCursor(cursor, sort, 2) as [string, string] : undefined
+  const rows = await listUsers(deps.db, filter, sort, limit + 1, after)
+  const page = rows.slice(0, limit)
+  const last = page.at(-1)
+  return {
+    users: page.map(toUser),
+    nextCursor: rows.length > limit && last !== undefined ? encodeCursor(sort, sortKeyOf(last, sort)) : undefined
+  }
+}
+
+/**
+ * Every matching user, a batch at a time. Batches follow the same keyset as
+ * pages, so no database connection or lock is held while a slow client reads,
+ * and memory stays at one batch however many users exist.
+ */
+export async function * streamUsers (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): AsyncGenerator<User[]> {
+  let after: [string, string] | undefined
+  for (;;) {
+    const rows = await listUsers(deps.db, filter, sort, batchSize, after)
+    if (rows.length > 0) yield rows.map(toUser)
+    if (rows.length < batchSize) return
+    after = sortKeyOf(rows.at(-1)!, sort)
+  }
+}
+
+function sortKeyOf (row: PublicUserRow, sort: Sort): [string, string] {
+  const field = sort.replace(/^-/, '')
+  const value = field === 'username' ? row.username.toLowerCase() : toIso(field === 'updated_at' ? row.updated_at : row.created_at)
+  return [value, row.id]
+}
+
+export async function updateUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, patch: UserPatch, ifMatch: string | undefined): Promise<VersionedUser> {
+  // Read first so the password can be checked against the right username and
+  // hashed before the transaction: a 9 ms hash must not hold a write lock.
+  const before = await findUserById(deps.db, id)
+  if (before === undefined) throw userNotFound(id)
+  assertMayManage(principal, before, patch.role)
+  assertIfMatch(ifMatch, before.version)
+  const passwordHash = patch.password !== undefined
+    ? await hashChecked(deps, patch.password, patch.username ?? before.username)
+    : undefined
+
+  return await deps.db.transaction().execute(async trx => {
+    const current = await findUserById(trx, id, { forUpdate: true })
+    if (current === undefined) throw userNotFound(id)
+    assertIfMatch(ifMatch, current.version)
+    const old = toUser(current)
+    const now = nowIso()
+    const changes: UserRowUpdate = { version: current.version + 1, updated_at: now }
+    const diff: Record<string, unknown> = {}
+    const note = (field: keyof User, to: unknown): void => {
+      if (JSON.stringify(old[field]) !== JSON.stringify(to)) diff[field] = { from: old[field], to }
+    }
+    if (patch.username !== undefined) {
+      changes.username = patch.username
+      changes.username_key = patch.username.toLowerCase()
+      note('username', patch.username)
+    }
+    if (patch.email !== undefined) {
+      changes.email = patch.email
+      changes.email_key = patch.email?.toLowerCase() ?? null
+      note('email', patch.email)
+    }
+    if (patch.first_name !== undefined) { changes.first_name = patch.first_name; note('first_name', patch.first_name) }
+    if (patch.last_name !== undefined) { changes.last_name = patch.last_name; note('last_name', patch.last_name) }
+    if (patch.role !== undefined) { changes.role = patch.role; note('role', patch.role) }
+    if (patch.groups !== undefined) { changes.groups = JSON.stringify(patch.groups); note('groups', patch.groups) }
+    if (patch.disabled !== undefined) { changes.disabled = patch.disabled; note('disabled', patch.disabled) }
+    if (passwordHash !== undefined) {
+      changes.password_hash = passwordHash
+      changes.password_changed_at = now
+      diff.password = REDACTED
+    }
+
+    const stopsBeingAdmin = old.role === 'admin' && !old.disabled &&
+      ((patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true)
+    if (stopsBeingAdmin) await assertNotLastAdmin(trx, id)
+
+    const updated = await updateUser(trx, id, current.version, changes)
+    if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
+    await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff })
+    if (patch.disabled === true && !old.disabled) {
+      const revoked = await revokeKeysOfUser(trx, id, now)
+      for (const keyId of revoked) {
+        await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason: 'user_disabled', user_id: id })
+      }
+    }
+    return { user: toUser(updated), version: updated.version }
+  })
+}
+
+export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
+  await deps.db.transaction().execute(async trx => {
+    const current = await findUserById(trx, id, { forUpdate: true })
+    if (current === undefined) throw userNotFound(id)
+    assertMayManage(principal, current, undefined)
+    assertIfMatch(ifMatch, current.version)
+    if (current.role === 'admin' && !toBool(current.disabled)) await assertNotLastAdmin(trx, id)
+    await deleteUser(trx, id)
+    await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
+  })
+}
+
+async function assertNotLastAdmin (trx: Db, leavingId: string): Promise<void> {
+  const admins = await lockEnabledAdminIds(trx)
+  if (!admins.some(adminId => adminId !== leavingId)) {
+    throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
+  }
+}
+
+async function hashChecked (deps: UsersDeps, password: string, username: string): Promise<string> {
+  checkPasswordPolicy(password, username, deps.passwordPolicy)
+  return await deps.passwords.hash(password)
+}
+
+function withoutTimestamps (user: User): Record<string, unknown> {
+  const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...rest } = user
+  return rest
+}

@@ -1,0 +1,68 @@
+import { randomBytes } from 'node:crypto'
+import { after } from 'node:test'
+import pg from 'pg'
+import { buildApp, type FastifyTypeBox } from '../src/app.ts'
+import { defaultConfig, type Config } from '../src/config.ts'
+import { bootstrap } from '../src/bootstrap.ts'
+
+export interface Dialect { name: 'sqlite' | 'postgres', url: string | undefined }
+
+/** SQLite always; PostgreSQL too when TEST_DATABASE_URL is set (CI sets it). */
+export function dialects (): Dialect[] {
+  const list: Dialect[] = [{ name: 'sqlite', url: undefined }]
+  if (process.env.TEST_DATABASE_URL !== undefined && process.env.TEST_DATABASE_URL !== '') {
+    list.push({ name: 'postgres', url: process.env.TEST_DATABASE_URL })
+  }
+  return list
+}
+
+const schemasToDrop: Array<{ url: string, schema: string }> = []
+after(async () => {
+  for (const { url, schema } of schemasToDrop.splice(0)) {
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    await client.query(`drop schema if exists "${schema}" cascade`)
+    await client.end()
+  }
+})
+
+export interface TestApp {
+  app: FastifyTypeBox
+  /** An admin API key, from the bootstrap path a fresh deployment takes. */
+  adminKey: string
+  config: Config
+}
+
+/**
+ * A fresh app on a fresh database: SQLite in memory, or a PostgreSQL schema
+ * of its own (dropped when the test file ends). Built through buildApp, so
+ * every Fastify and Ajv option is the production one.
+ */
+export async function createTestApp (dialect: Dialect, overrides: Partial<Config> = {}): Promise<TestApp> {
+  let databaseUrl = 'sqlite::memory:'
+  let databaseSchema: string | undefined
+  if (dialect.url !== undefined) {
+    databaseUrl = dialect.url
+    databaseSchema = `gh_test_${randomBytes(6).toString('hex')}`
+    schemasToDrop.push({ url: dialect.url, schema: databaseSchema })
+  }
+  const config = defaultConfig({ databaseUrl, databaseSchema, logLevel: 'silent', ...overrides })
+  const app = await buildApp({ config, logger: false })
+  const { generatedKey } = await bootstrap(app.db, app.passwords, config, app.log)
+  await app.ready()
+  after(async () => { await app.close() })
+  return { app, adminKey: generatedKey ?? overrides.bootstrapAdminApiKey ?? '', config }
+}
+
+export function auth (key: string): Record<string, string> {
+  return { 'x-api-key': key }
+}
+
+let counter = 0
+/** A username that no other test in this process uses. */
+export function uniqueName (stem = 'user'): string {
+  counter += 1
+  return `${stem}${counter}_${randomBytes(3).toString('hex')}`
+}
+
+export const GOOD_PASSWORD = 'correct horse battery staple'
