@@ -50,6 +50,8 @@ export interface BuildOptions {
   /** Run migrations before serving (default true). */
   migrate?: boolean
   logger?: FastifyServerOptions['logger']
+  /** Where the production logger writes (default stdout); tests read it to prove secrets never appear. */
+  logStream?: { write: (line: string) => void }
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,64}$/
@@ -65,6 +67,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
     logger: options.logger ?? {
       level: config.logLevel,
+      ...(options.logStream !== undefined ? { stream: options.logStream } : {}),
       redact: { paths: ['req.headers.authorization', 'req.headers["x-api-key"]', 'req.headers.cookie'], censor: '[redacted]' },
       serializers: {
         req: (req) => ({ method: req.method, url: redactUrl(req.url), remoteAddress: req.ip }),

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto'
-import { after } from 'node:test'
+import { after, before } from 'node:test'
 import pg from 'pg'
 import { buildApp, type FastifyTypeBox } from '../src/app.ts'
 import { defaultConfig, type Config } from '../src/config.ts'
@@ -38,7 +38,7 @@ export interface TestApp {
  * of its own (dropped when the test file ends). Built through buildApp, so
  * every Fastify and Ajv option is the production one.
  */
-export async function createTestApp (dialect: Dialect, overrides: Partial<Config> = {}): Promise<TestApp> {
+export async function createTestApp (dialect: Dialect, overrides: Partial<Config> = {}, logStream?: { write: (line: string) => void }): Promise<TestApp> {
   let databaseUrl = 'sqlite::memory:'
   let databaseSchema: string | undefined
   if (dialect.url !== undefined) {
@@ -46,12 +46,22 @@ export async function createTestApp (dialect: Dialect, overrides: Partial<Config
     databaseSchema = `gh_test_${randomBytes(6).toString('hex')}`
     schemasToDrop.push({ url: dialect.url, schema: databaseSchema })
   }
-  const config = defaultConfig({ databaseUrl, databaseSchema, logLevel: 'silent', ...overrides })
-  const app = await buildApp({ config, logger: false })
+  const config = defaultConfig({ databaseUrl, databaseSchema, logLevel: logStream !== undefined ? 'info' : 'silent', ...overrides })
+  const app = await buildApp({ config, ...(logStream !== undefined ? { logStream } : { logger: false }) })
   const { generatedKey } = await bootstrap(app.db, app.passwords, config, app.log)
   await app.ready()
-  after(async () => { await app.close() })
   return { app, adminKey: generatedKey ?? overrides.bootstrapAdminApiKey ?? '', config }
+}
+
+/**
+ * A fresh app for the enclosing describe(): built before its tests, closed
+ * after them. Fields are filled in by the before hook.
+ */
+export function useTestApp (dialect: Dialect, overrides: Partial<Config> = {}, logStream?: { write: (line: string) => void }): TestApp {
+  const holder = {} as TestApp
+  before(async () => { Object.assign(holder, await createTestApp(dialect, overrides, logStream)) })
+  after(async () => { await holder.app?.close() })
+  return holder
 }
 
 export function auth (key: string): Record<string, string> {

@@ -15,7 +15,12 @@ export async function migrateToLatest (db: Db, schema?: string): Promise<string[
   if (schema !== undefined && isPostgres(db)) {
     await sql`create schema if not exists ${sql.id(schema)}`.execute(db)
   }
-  const migrator = new Migrator({ db, provider: { getMigrations: async () => migrations } })
+  const migrator = new Migrator({
+    db,
+    provider: { getMigrations: async () => migrations },
+    // Without this the migrator finds its bookkeeping tables in any schema and skips creating them in ours.
+    ...(schema !== undefined && isPostgres(db) ? { migrationTableSchema: schema } : {})
+  })
   const { error, results } = await migrator.migrateToLatest()
   if (error !== undefined) throw error
   return (results ?? []).filter(r => r.status === 'Success').map(r => r.migrationName)
