@@ -186,6 +186,9 @@ export function mapDatabaseError (error: unknown): AppError | undefined {
       /timeout exceeded when trying to connect|Connection terminated|connect ECONNREFUSED/.test(message)) {
     return new AppError('database_unavailable', 503, 'The database is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
+  if (code === '40P01' || code === '40001') {
+    return new AppError('conflict', 409, 'A concurrent change got in the way; retry the request.', { cause: error })
+  }
   if (code === '57014') {
     return new AppError('database_unavailable', 503, 'The database took too long to answer; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
+import type { LightMyRequestResponse } from 'fastify'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/
@@ -287,7 +288,7 @@ for (const dialect of dialects()) {
       let url: string | undefined = '/auth/api/users?limit=10&API_KEY=' + t.adminKey
       let pages = 0
       while (url !== undefined) {
-        const res = await t.app.inject({ url })
+        const res: LightMyRequestResponse = await t.app.inject({ url })
         assert.equal(res.statusCode, 200, res.body)
         seen.push(...res.json().map((u: { username: string }) => u.username))
         const link = res.headers.link as string | undefined

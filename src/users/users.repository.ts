@@ -58,13 +58,15 @@ export async function deleteUser (db: Db, id: string): Promise<boolean> {
 }
 
 /**
- * Ids of the enabled admins, locked on PostgreSQL so that two requests that
- * each remove a different admin cannot both see the other as the remaining one.
- * (SQLite runs one write transaction at a time, which gives the same guarantee.)
+ * Ids of the enabled admins, locked on PostgreSQL (in id order, so lockers
+ * never wait on each other in a cycle) so that two requests that each remove a
+ * different admin cannot both see the other as the remaining one.
+ * SQLite runs one write transaction at a time, which gives the same guarantee.
  */
 export async function lockEnabledAdminIds (db: Db): Promise<string[]> {
   const rows = await db.selectFrom('users').select('id')
     .where('role', '=', 'admin').where('disabled', '=', false)
+    .orderBy('id')
     .$if(isPostgres(db), q => q.forUpdate())
     .execute()
   return rows.map(r => r.id)

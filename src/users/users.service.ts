@@ -172,7 +172,11 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     ? await hashChecked(deps, patch.password, patch.username ?? before.username)
     : undefined
 
+  const mayRemoveAdmin = (patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true
   return await deps.db.transaction().execute(async trx => {
+    // Lock order is always: the admin set, then the target row. Taking them
+    // the other way round deadlocks against a concurrent delete of another admin.
+    const admins = mayRemoveAdmin ? await lockEnabledAdminIds(trx) : []
     const current = await findUserById(trx, id, { forUpdate: true })
     if (current === undefined) throw userNotFound(id)
     assertIfMatch(ifMatch, current.version)
@@ -206,7 +210,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
 
     const stopsBeingAdmin = old.role === 'admin' && !old.disabled &&
       ((patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true)
-    if (stopsBeingAdmin) await assertNotLastAdmin(trx, id)
+    if (stopsBeingAdmin) assertNotLastAdmin(admins, id)
 
     const updated = await updateUser(trx, id, current.version, changes)
     if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
@@ -223,19 +227,19 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
 
 export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
   await deps.db.transaction().execute(async trx => {
+    const admins = await lockEnabledAdminIds(trx)
     const current = await findUserById(trx, id, { forUpdate: true })
     if (current === undefined) throw userNotFound(id)
     assertMayManage(principal, current, undefined)
     assertIfMatch(ifMatch, current.version)
-    if (current.role === 'admin' && !toBool(current.disabled)) await assertNotLastAdmin(trx, id)
+    if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
     await deleteUser(trx, id)
     await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
   })
 }
 
-async function assertNotLastAdmin (trx: Db, leavingId: string): Promise<void> {
-  const admins = await lockEnabledAdminIds(trx)
-  if (!admins.some(adminId => adminId !== leavingId)) {
+function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
+  if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
     throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
   }
 }
