@@ -48,8 +48,14 @@ export async function createTestApp (dialect: Dialect, overrides: Partial<Config
   }
   const config = defaultConfig({ databaseUrl, databaseSchema, logLevel: logStream !== undefined ? 'info' : 'silent', ...overrides })
   const app = await buildApp({ config, ...(logStream !== undefined ? { logStream } : { logger: false }) })
-  const { generatedKey } = await bootstrap(app.db, app.passwords, config, app.log)
-  await app.ready()
+  let generatedKey: string | undefined
+  try {
+    generatedKey = (await bootstrap(app.db, app.passwords, config, app.log)).generatedKey
+    await app.ready()
+  } catch (error) {
+    await app.close()
+    throw error
+  }
   return { app, adminKey: generatedKey ?? overrides.bootstrapAdminApiKey ?? '', config }
 }
 

@@ -1,0 +1,146 @@
+import assert from 'node:assert/strict'
+import { spawn } from 'node:child_process'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { describe, it } from 'node:test'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp } from './helpers.ts'
+import { bootstrap } from '../src/bootstrap.ts'
+
+for (const dialect of dialects()) {
+  describe(`first start (${dialect.name})`, () => {
+    it('issues one admin key on an empty database, stores only its digest, and never again', async () => {
+      const t = await createTestApp(dialect)
+      try {
+        assert.match(t.adminKey, /^gatehouse_/)
+        const again = await bootstrap(t.app.db, t.app.passwords, t.config, t.app.log)
+        assert.equal(again.generatedKey, undefined)
+        const rows = await t.app.db.selectFrom('api_keys').selectAll().execute()
+        assert.equal(rows.length, 1)
+        assert.ok(!JSON.stringify(rows).includes(t.adminKey))
+        assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).statusCode, 200)
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('registers GATEHOUSE_ADMIN_API_KEY and creates the GATEHOUSE_ADMIN_USERNAME admin without printing a key', async () => {
+      const key = 'k'.repeat(48)
+      const t = await createTestApp(dialect, { bootstrapAdminApiKey: key, bootstrapAdminUsername: 'root.admin', bootstrapAdminPassword: GOOD_PASSWORD })
+      try {
+        assert.equal(t.adminKey, key, 'no key was generated')
+        const users = (await t.app.inject({ url: '/auth/api/users', headers: auth(key) })).json()
+        assert.equal(users.length, 1)
+        assert.equal(users[0].username, 'root.admin')
+        assert.equal(users[0].role, 'admin')
+        // Idempotent across restarts.
+        await bootstrap(t.app.db, t.app.passwords, t.config, t.app.log)
+        assert.equal((await t.app.db.selectFrom('api_keys').selectAll().execute()).length, 1)
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('refuses a configured key shorter than 32 characters', async () => {
+      await assert.rejects(createTestApp(dialect, { bootstrapAdminApiKey: 'short' }), /at least 32/)
+    })
+  })
+
+  describe(`OpenAPI document and docs page (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('serves OpenAPI 3.1 with named schemas, the seed operation ids under default, and deprecated legacy operations', async () => {
+      const res = await t.app.inject({ url: '/auth/openapi.json' })
+      assert.equal(res.statusCode, 200)
+      const doc = res.json()
+      assert.equal(doc.openapi, '3.1.0')
+      assert.equal(doc.info.version, (await t.app.inject({ url: '/auth/api/version' })).json().version)
+      for (const name of ['User', 'UserCreate', 'UserPatch', 'Problem', 'ApiKey', 'ApiKeyCreate', 'ApiKeyWithSecret', 'Event']) {
+        assert.ok(doc.components.schemas[name], `components.schemas.${name}`)
+      }
+      assert.ok(!Object.keys(doc.components.schemas).some(k => k.startsWith('def-')), 'no anonymous def-N schemas')
+      const ops = new Map<string, { method: string, path: string, op: Record<string, any> }>()
+      for (const [path, item] of Object.entries<Record<string, any>>(doc.paths)) {
+        for (const [method, op] of Object.entries<Record<string, any>>(item)) ops.set(op.operationId, { method, path, op })
+      }
+      const expectOp = (id: string, method: string, path: string) => {
+        const found = ops.get(id)
+        assert.ok(found, id)
+        assert.equal(found.method, method)
+        assert.equal(found.path, path)
+        return found.op
+      }
+      for (const op of [
+        expectOp('create_user_users_post', 'post', '/auth/api/users'),
+        expectOp('list_users_users_get', 'get', '/auth/api/users'),
+        expectOp('delete_user_users__user_id__delete', 'delete', '/auth/api/users/{user_id}'),
+        expectOp('get_user_users__user_id__get', 'get', '/auth/api/users/{user_id}'),
+        expectOp('update_user_users__user_id__patch', 'patch', '/auth/api/users/{user_id}')
+      ]) {
+        assert.deepEqual(op.tags, ['default'])
+        assert.notEqual(op.deprecated, true)
+      }
+      const legacy = expectOp('legacy_create_user_users_post', 'post', '/auth/users')
+      assert.equal(legacy.deprecated, true)
+      assert.deepEqual(legacy.tags, ['legacy'])
+      assert.deepEqual(Object.keys(ops.get('create_user_users_post')!.op.requestBody.content).sort(),
+        ['application/json', 'application/x-www-form-urlencoded', 'multipart/form-data'])
+      // Every operation under /api documents its error responses as Problem.
+      for (const { path, op } of ops.values()) {
+        if (!path.includes('/api/') || path.endsWith('/version')) continue
+        for (const status of ['401', '403']) {
+          assert.ok(op.responses[status], `${op.operationId} documents ${status}`)
+          assert.equal(op.responses[status].content['application/json'].schema.$ref, '#/components/schemas/Problem')
+        }
+      }
+      assert.deepEqual(Object.keys(doc.components.securitySchemes).sort(), ['ApiKeyHeader', 'ApiKeyQuery', 'Bearer'])
+    })
+
+    it('serves Swagger UI at /auth/docs from local files', async () => {
+      const res = await t.app.inject({ url: '/auth/docs' })
+      const page = res.statusCode === 302 ? await t.app.inject({ url: res.headers.location as string }) : res
+      assert.equal(page.statusCode, 200)
+      assert.match(page.body, /swagger-ui/)
+      assert.ok(!/https?:\/\/(?!127\.0\.0\.1|localhost)[a-z]/i.test(page.body.replace(/https?:\/\/(www\.)?w3\.org[^"']*/g, '')), 'no external asset URL')
+      const bundle = await t.app.inject({ url: '/auth/docs/static/swagger-ui-bundle.js' })
+      assert.equal(bundle.statusCode, 200)
+    })
+
+    it('states the release at /auth/api/version', async () => {
+      const res = await t.app.inject({ url: '/auth/api/version' })
+      assert.equal(res.statusCode, 200)
+      assert.equal(res.json().name, 'gatehouse')
+      assert.equal(res.json().database, dialect.name)
+      assert.equal((await t.app.inject({ url: '/auth/readyz' })).json().status, 'ready')
+    })
+  })
+}
+
+describe('the README start command', () => {
+  it('starts on the embedded default, migrates, prints the one-time key with the docs hint, and serves', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'gatehouse-start-'))
+    const port = String(20000 + Math.floor(Math.random() * 20000))
+    const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+      cwd: process.cwd(),
+      env: { ...process.env, PORT: port, DATABASE_URL: `sqlite:${join(dir, 'data', 'gatehouse.db')}`, LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'pipe', 'pipe']
+    })
+    try {
+      let out = ''
+      child.stdout.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      child.stderr.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      const deadline = Date.now() + 30_000
+      while (!out.includes('click Authorize') && Date.now() < deadline) await new Promise(resolve => setTimeout(resolve, 100))
+      const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(out)?.[1]
+      assert.ok(key, out)
+      assert.match(out, new RegExp(`Open http://127\\.0\\.0\\.1:${port}/auth/docs, click Authorize, paste this key\\.`))
+      const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { 'x-api-key': key } })
+      assert.equal(res.status, 200)
+      assert.deepEqual(await res.json(), [])
+    } finally {
+      child.kill('SIGTERM')
+      await new Promise(resolve => child.once('exit', resolve))
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})

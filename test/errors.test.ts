@@ -1,0 +1,97 @@
+import assert from 'node:assert/strict'
+import { describe, it } from 'node:test'
+import { buildApp } from '../src/app.ts'
+import { defaultConfig } from '../src/config.ts'
+import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
+
+const PROBLEM_KEYS = ['code', 'detail', 'request_id', 'status', 'title', 'type']
+
+function assertProblem (res: { statusCode: number, headers: Record<string, unknown>, json: () => Record<string, unknown> }, status: number, code: string): void {
+  assert.equal(res.statusCode, status)
+  assert.match(res.headers['content-type'] as string, /^application\/problem\+json/)
+  const body = res.json()
+  assert.equal(body.code, code)
+  assert.equal(body.status, status)
+  assert.equal(body.type, `urn:gatehouse:problem:${code}`)
+  assert.equal(body.request_id, res.headers['x-request-id'])
+  for (const key of PROBLEM_KEYS) assert.ok(key in body, `problem lacks ${key}`)
+}
+
+for (const dialect of dialects()) {
+  describe(`errors are problem+json (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { bodyLimitBytes: 4096 })
+
+    it('answers an unknown route with 404 route_not_found', async () => {
+      assertProblem(await t.app.inject({ url: '/auth/api/nothing-here' }), 404, 'route_not_found')
+      assertProblem(await t.app.inject({ url: '/elsewhere' }), 404, 'route_not_found')
+    })
+
+    it('answers a wrong method with 405 and Allow', async () => {
+      const res = await t.app.inject({ method: 'PUT', url: '/auth/api/users', headers: auth(t.adminKey) })
+      assertProblem(res, 405, 'method_not_allowed')
+      assert.equal(res.headers.allow, 'GET, HEAD, POST')
+      const item = await t.app.inject({ method: 'POST', url: '/auth/api/users/01900000-0000-7000-8000-000000000000', headers: auth(t.adminKey) })
+      assertProblem(item, 405, 'method_not_allowed')
+      assert.equal(item.headers.allow, 'GET, HEAD, PATCH, DELETE')
+    })
+
+    it('answers malformed JSON with 400 malformed_body', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username": ' })
+      assertProblem(res, 400, 'malformed_body')
+    })
+
+    it('refuses prototype poisoning with 400', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username":"x","__proto__":{"role":"admin"}}' })
+      assertProblem(res, 400, 'malformed_body')
+      assert.equal(({} as Record<string, unknown>).role, undefined)
+    })
+
+    it('answers an oversize body with 413 payload_too_large', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), first_name: 'x'.repeat(5000) } })
+      assertProblem(res, 413, 'payload_too_large')
+    })
+
+    it('answers an unsupported media type with 415', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: { ...auth(t.adminKey), 'content-type': 'application/xml' }, payload: '<key/>' })
+      assertProblem(res, 415, 'unsupported_media_type')
+    })
+
+    it('answers 401 before validating the body of an anonymous request', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', payload: { nonsense: true } })
+      assertProblem(res, 401, 'unauthenticated')
+    })
+
+    it('echoes a well-formed X-Request-Id and replaces a malformed one', async () => {
+      const given = await t.app.inject({ url: '/auth/nothing', headers: { 'x-request-id': 'abc-123' } })
+      assert.equal(given.json().request_id, 'abc-123')
+      const hostile = await t.app.inject({ url: '/auth/nothing', headers: { 'x-request-id': 'a\u001b[31mb' + 'x'.repeat(100) } })
+      assert.match(hostile.json().request_id, /^[0-9a-f-]{36}$/)
+    })
+
+    it('marks API responses no-store and nosniff', async () => {
+      const res = await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(t.adminKey) })
+      assert.equal(res.headers['cache-control'], 'no-store')
+      assert.equal(res.headers['x-content-type-options'], 'nosniff')
+    })
+  })
+}
+
+describe('database unreachable', () => {
+  it('answers 503 database_unavailable with Retry-After; readyz is 503 and healthz stays 200', async () => {
+    // Nothing listens on port 1: every connection is refused at once.
+    const config = defaultConfig({ databaseUrl: 'postgres://postgres@127.0.0.1:1/none', logLevel: 'silent' })
+    const app = await buildApp({ config, migrate: false, logger: false })
+    try {
+      const res = await app.inject({ url: '/auth/api/users', headers: { 'x-api-key': 'gatehouse_' + 'a'.repeat(43) } })
+      assertProblem(res, 503, 'database_unavailable')
+      assert.equal(res.headers['retry-after'], '5')
+      assert.ok(!/ECONNREFUSED|127\.0\.0\.1|pg/.test(res.body), 'no driver detail leaks')
+      const ready = await app.inject({ url: '/auth/readyz' })
+      assert.equal(ready.statusCode, 503)
+      assert.equal(ready.json().checks.database, 'unavailable')
+      assert.equal((await app.inject({ url: '/auth/healthz' })).statusCode, 200)
+    } finally {
+      await app.close()
+    }
+  })
+})
