@@ -26,6 +26,7 @@ import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import { Event } from './events/events.schemas.ts'
 import eventsRoutes from './events/events.routes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
+import metricsPlugin from './system/metrics.plugin.ts'
 
 export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
 
@@ -137,6 +138,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   })
 
   if (config.docsEnabled) await registerDocs(app, config)
+  if (config.metricsEnabled) await app.register(metricsPlugin, { path: `${config.basePath}/metrics` })
 
   await app.register(async (api: FastifyTypeBox) => {
     await api.register(authPlugin)

@@ -35,6 +35,7 @@ export interface Config {
   /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
   trustProxy: boolean | string | number
   docsEnabled: boolean
+  metricsEnabled: boolean
   /** Retirement date announced for the 3.6.1 paths in the `Sunset` header. */
   legacySunset: Date
   bootstrapAdminApiKey: string | undefined
@@ -66,6 +67,7 @@ const DEFAULTS: Config = {
   passwordMaxLength: 256,
   trustProxy: false,
   docsEnabled: true,
+  metricsEnabled: true,
   legacySunset: new Date('2027-12-31T00:00:00Z'),
   bootstrapAdminApiKey: undefined,
   bootstrapAdminUsername: undefined,
@@ -125,6 +127,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
       : /^\d+$/.test(trustProxy) ? Number(trustProxy) : trustProxy
   }
   c.docsEnabled = bool('DOCS_ENABLED', c.docsEnabled)
+  c.metricsEnabled = bool('METRICS_ENABLED', c.metricsEnabled)
   const sunset = str('LEGACY_SUNSET')
   if (sunset !== undefined) c.legacySunset = new Date(sunset)
   c.bootstrapAdminApiKey = str('GATEHOUSE_ADMIN_API_KEY')

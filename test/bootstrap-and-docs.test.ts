@@ -106,6 +106,16 @@ for (const dialect of dialects()) {
       assert.equal(bundle.statusCode, 200)
     })
 
+    it('exposes Prometheus metrics labelled by route pattern, not by concrete URL', async () => {
+      await t.app.inject({ url: '/auth/api/users/01900000-0000-7000-8000-000000000000', headers: auth(t.adminKey) })
+      const res = await t.app.inject({ url: '/auth/metrics' })
+      assert.equal(res.statusCode, 200)
+      assert.match(res.headers['content-type'] as string, /^text\/plain/)
+      assert.match(res.body, /gatehouse_http_requests_total\{method="GET",route="\/auth\/api\/users\/:user_id",status="404"\} 1/)
+      assert.match(res.body, /gatehouse_password_hash_queue 0/)
+      assert.ok(!res.body.includes('01900000-0000-7000-8000-000000000000'))
+    })
+
     it('states the release at /auth/api/version', async () => {
       const res = await t.app.inject({ url: '/auth/api/version' })
       assert.equal(res.statusCode, 200)

@@ -27,6 +27,11 @@ export class PasswordHasher {
     }
   }
 
+  /** Hashes waiting for a slot, for the metrics endpoint. */
+  get pendingCount (): number {
+    return this.#limit.pendingCount
+  }
+
   async hash (password: string): Promise<string> {
     return await this.#run(async () => await hash(password, this.#options))
   }
