@@ -1,0 +1,91 @@
+import { strict as assert } from 'node:assert'
+import { existsSync } from 'node:fs'
+import { mkdtemp, rm } from 'node:fs/promises'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { test } from 'node:test'
+import { chromium, type BrowserContext } from 'playwright-core'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+
+const CHROMIUM = '/usr/bin/chromium'
+// The docs page is the subject here, not the database: SQLite is enough.
+const dialect = dialects()[0]!
+
+test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
+  if (!existsSync(CHROMIUM)) {
+    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
+    return
+  }
+
+  const { app, adminKey } = await createTestApp(dialect)
+  let profile: string | undefined
+  let browser: BrowserContext | undefined
+  try {
+    await app.listen({ host: '127.0.0.1', port: 0 })
+    const { port } = app.server.address() as AddressInfo
+    const origin = `http://127.0.0.1:${port}`
+
+    const username = uniqueName('browser')
+    const created = await fetch(`${origin}/auth/api/users`, {
+      method: 'POST',
+      headers: { ...auth(adminKey), 'content-type': 'application/json' },
+      body: JSON.stringify({ username, password: GOOD_PASSWORD })
+    })
+    assert.equal(created.status, 201, await created.text())
+
+    profile = await mkdtemp(join(tmpdir(), 'gatehouse-chromium-'))
+    browser = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update']
+    })
+    browser.setDefaultTimeout(15_000)
+    const page = browser.pages()[0] ?? await browser.newPage()
+    const requested: string[] = []
+    page.on('request', (request) => { requested.push(request.url()) })
+
+    // A deep link opens the operation it names.
+    await page.goto(`${origin}/auth/docs#/default/create_user_users_post`)
+    const createOp = page.locator('#operations-default-create_user_users_post')
+    await createOp.waitFor({ state: 'visible' })
+    await page.locator('#operations-default-create_user_users_post.is-open').waitFor({ state: 'visible' })
+    assert.ok(await createOp.locator('.opblock-body').isVisible(), 'the deep-linked Create User operation is expanded')
+
+    // Authorize with the admin key, sent as X-API-Key.
+    await page.locator('.auth-wrapper button.authorize').click()
+    const dialog = page.locator('.dialog-ux .modal-ux')
+    await dialog.waitFor({ state: 'visible' })
+    for (const scheme of ['ApiKeyQuery', 'ApiKeyHeader', 'Bearer']) {
+      assert.equal(await dialog.locator('.auth-container', { hasText: scheme }).count(), 1, `the dialog offers ${scheme}`)
+    }
+    const headerScheme = dialog.locator('.auth-container', { hasText: 'ApiKeyHeader' })
+    await headerScheme.locator('input').fill(adminKey)
+    await headerScheme.locator('button.authorize').click()
+    await headerScheme.locator('button', { hasText: 'Logout' }).waitFor({ state: 'visible' })
+    await dialog.locator('button.close-modal').click()
+    await dialog.waitFor({ state: 'hidden' })
+
+    // List Users: Try it out, Execute.
+    const listOp = page.locator('#operations-default-list_users_users_get')
+    await listOp.locator('.opblock-summary-control').click()
+    await listOp.locator('button.try-out__btn').click()
+    await listOp.locator('button.execute').click()
+    const live = listOp.locator('.live-responses-table')
+    await live.waitFor({ state: 'visible' })
+    const status = (await live.locator('tbody .response-col_status').first().innerText()).trim()
+    const body = await live.locator('.response-col_description .highlight-code').first().innerText()
+    assert.equal(status, '200', `response code shown: ${status}; body: ${body}`)
+    assert.ok(body.includes(username), `the response body shown lists ${username}: ${body}`)
+
+    // Swagger UI's files, the document and the call itself all came from this server.
+    assert.ok(requested.length > 0)
+    const foreign = requested.filter((url) => new URL(url).hostname !== '127.0.0.1')
+    assert.deepEqual(foreign, [], 'every request the page made went to 127.0.0.1')
+    assert.ok(requested.some((url) => url.startsWith(`${origin}/auth/api/users`)), 'Execute called the API')
+  } finally {
+    await browser?.close()
+    if (profile !== undefined) await rm(profile, { recursive: true, force: true })
+    await app.close()
+  }
+})
