@@ -24,7 +24,6 @@ export type ErrorCode =
   | 'password_too_short'
   | 'password_too_long'
   | 'password_contains_username'
-  | 'scope_not_allowed'
   | 'conflict'
   | 'rate_limited'
   | 'server_busy'

@@ -176,6 +176,17 @@ for (const dialect of dialects()) {
       assert.ok(user.updated_at > created.updated_at || user.updated_at === created.updated_at)
     })
 
+    it('answers a patch that changes nothing with the same version and no event', async () => {
+      const created = await post({ username: uniqueName(), first_name: 'Same' })
+      const id = created.json().id
+      const res = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${id}`, headers: auth(t.adminKey), payload: { first_name: 'Same' } })
+      assert.equal(res.statusCode, 200)
+      assert.equal(res.headers.etag, created.headers.etag)
+      assert.deepEqual(res.json(), created.json())
+      const events = (await t.app.inject({ url: `/auth/api/events?target_id=${id}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual(events.map((e: { type: string }) => e.type), ['user.created'])
+    })
+
     it('rejects read-only fields and null for required fields in a patch with 422, leaving the row unchanged', async () => {
       const created = (await post({ username: uniqueName() })).json()
       for (const payload of [{ id: created.id }, { created_at: '2020-01-01T00:00:00Z' }, { username: null }, { role: null }, { password_hash: 'x' }]) {

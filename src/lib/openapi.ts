@@ -28,10 +28,10 @@ export const Problem = Type.Object({
 
 const ProblemRef = ref(Problem)
 
-/** Error responses to document for an operation, each as a Problem. */
+/** Error responses to document for an operation, each as a Problem; 500 is possible everywhere. */
 export function problems (...statuses: number[]): Record<number, TSchema> {
   const out: Record<number, TSchema> = {}
-  for (const status of statuses) {
+  for (const status of [...statuses, 500]) {
     out[status] = Type.Unsafe({ ...ProblemRef, description: STATUS_CODES[status] ?? 'Error' })
   }
   return out

@@ -208,6 +208,9 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
       diff.password = REDACTED
     }
 
+    // A patch that changes nothing is answered with the user as it is: no new version, no event.
+    if (Object.keys(diff).length === 0) return { user: old, version: current.version }
+
     const stopsBeingAdmin = old.role === 'admin' && !old.disabled &&
       ((patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true)
     if (stopsBeingAdmin) assertNotLastAdmin(admins, id)

@@ -1,0 +1,57 @@
+import assert from 'node:assert/strict'
+import { describe, it } from 'node:test'
+import fc from 'fast-check'
+import { auth, dialects, useTestApp } from './helpers.ts'
+
+const PROBLEM_KEYS = ['code', 'detail', 'request_id', 'status', 'title', 'type']
+
+/** Field names the API knows, mixed with ones it does not, so generated bodies hit both paths. */
+const fieldName = fc.oneof(
+  fc.constantFrom('username', 'email', 'password', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'id', 'created_at', 'password_hash'),
+  fc.string({ maxLength: 12 })
+)
+const value = fc.oneof(
+  fc.string({ maxLength: 80 }),
+  fc.constantFrom('admin', 'user', 'a@b.co', 'correct horse battery staple', ''),
+  fc.integer(), fc.boolean(), fc.constant(null),
+  fc.array(fc.string({ maxLength: 10 }), { maxLength: 4 }),
+  fc.dictionary(fc.string({ maxLength: 5 }), fc.string({ maxLength: 5 }), { maxKeys: 3 })
+)
+const body = fc.dictionary(fieldName, value, { maxKeys: 6 })
+
+for (const dialect of dialects().slice(0, 1)) {
+  describe(`arbitrary request bodies (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('never answer with a 5xx, and every error is a well-formed problem', async () => {
+      const target = (await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: 'prop_target' } })).json()
+      await fc.assert(fc.asyncProperty(body, fc.constantFrom('POST', 'PATCH'), async (payload, method) => {
+        const res = await t.app.inject({
+          method,
+          url: method === 'POST' ? '/auth/api/users' : `/auth/api/users/${target.id}`,
+          headers: { ...auth(t.adminKey), 'content-type': 'application/json' },
+          payload: JSON.stringify(payload)
+        })
+        assert.ok(res.statusCode < 500, `${res.statusCode} for ${JSON.stringify(payload)}: ${res.body}`)
+        if (res.statusCode >= 400) {
+          assert.match(res.headers['content-type'] as string, /^application\/problem\+json/)
+          const problem = res.json()
+          for (const key of PROBLEM_KEYS) assert.ok(key in problem, `problem lacks ${key}`)
+          assert.equal(problem.status, res.statusCode)
+        } else {
+          const user = res.json()
+          assert.ok(!('password' in user) && !('password_hash' in user))
+        }
+      }), { numRuns: 300 })
+    })
+
+    it('never lets a mass-assigned read-only field reach the row', async () => {
+      await fc.assert(fc.asyncProperty(fc.constantFrom('id', 'created_at', 'updated_at', 'password_hash', 'version', 'username_key'), fc.string({ maxLength: 20 }), async (field, junk) => {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: 'mass_assign', [field]: junk } })
+        assert.equal(res.statusCode, 422)
+        assert.ok(res.json().errors.some((e: { pointer: string }) => e.pointer === `/${field}`))
+      }), { numRuns: 50 })
+      assert.deepEqual((await t.app.inject({ url: '/auth/api/users?username=mass_assign', headers: auth(t.adminKey) })).json(), [])
+    })
+  })
+}
