@@ -7,6 +7,7 @@ import Fastify, {
   type RawRequestDefaultExpression,
   type RawServerDefault
 } from 'fastify'
+import { AjvCompiler, type BuildCompilerFromPool, type RouteDefinition } from '@fastify/ajv-compiler'
 import formbody from '@fastify/formbody'
 import multipart from '@fastify/multipart'
 import swagger from '@fastify/swagger'
@@ -56,6 +57,15 @@ export interface BuildOptions {
 }
 
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,64}$/
+const AJV_OPTIONS = { removeAdditional: false, useDefaults: true, allErrors: true } as const
+const ajvCompilers = AjvCompiler()
+
+/** Two Ajv instances over the same shared schemas: exact for bodies, coercing for the textual parts. */
+const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
+  const exact = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: false } })
+  const coercing = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } })
+  return ((route: RouteDefinition) => route.httpPart === 'body' ? exact(route) : coercing(route)) as ReturnType<BuildCompilerFromPool>
+}
 const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event]
 
 /** Request log lines carry the path, never a credential given in the query string. */
@@ -75,9 +85,15 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
         res: (res) => ({ statusCode: res.statusCode })
       }
     },
-    // Unknown and read-only fields are an error, not something to drop silently;
-    // strings from forms and query strings are coerced to the declared types.
-    ajv: { customOptions: { removeAdditional: false, coerceTypes: 'array', useDefaults: true, allErrors: true } },
+    // Unknown and read-only fields are an error, not something to drop silently.
+    // Query strings, path and headers are text, so they are coerced to the
+    // declared types; JSON bodies are taken exactly as sent (form bodies are
+    // coerced by the routes that accept them, see lib/forms.ts).
+    schemaController: {
+      compilersFactory: {
+        buildValidator: buildValidators
+      }
+    },
     bodyLimit: config.bodyLimitBytes,
     requestTimeout: config.requestTimeoutMs,
     // A hop count is valid at run time; Fastify's types only list the other forms.

@@ -22,7 +22,6 @@ export interface Config {
   allowQueryApiKey: boolean
   bodyLimitBytes: number
   requestTimeoutMs: number
-  maxPageSize: number
   /** argon2id parameters for new hashes; see docs/security.md. */
   argon2MemoryKib: number
   argon2TimeCost: number
@@ -57,7 +56,6 @@ const DEFAULTS: Config = {
   allowQueryApiKey: true,
   bodyLimitBytes: 64 * 1024,
   requestTimeoutMs: 30_000,
-  maxPageSize: 1000,
   argon2MemoryKib: 19_456,
   argon2TimeCost: 2,
   argon2Parallelism: 1,
@@ -113,7 +111,6 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.allowQueryApiKey = bool('ALLOW_QUERY_API_KEY', c.allowQueryApiKey)
   c.bodyLimitBytes = int('BODY_LIMIT_BYTES', c.bodyLimitBytes)
   c.requestTimeoutMs = int('REQUEST_TIMEOUT_MS', c.requestTimeoutMs)
-  c.maxPageSize = int('MAX_PAGE_SIZE', c.maxPageSize)
   c.argon2MemoryKib = int('ARGON2_MEMORY_KIB', c.argon2MemoryKib)
   c.argon2TimeCost = int('ARGON2_TIME_COST', c.argon2TimeCost)
   c.argon2Parallelism = int('ARGON2_PARALLELISM', c.argon2Parallelism)
@@ -146,13 +143,13 @@ function validate (c: Config): Config {
   if (c.databaseSchema !== undefined && !/^[a-z_][a-z0-9_]{0,62}$/.test(c.databaseSchema)) {
     throw new ConfigError('DATABASE_SCHEMA must be a lower-case SQL identifier')
   }
-  if (c.maxPageSize < 1 || c.maxPageSize > 10_000) throw new ConfigError('MAX_PAGE_SIZE must be 1–10000')
   if (c.passwordMinLength < 8 || c.passwordMinLength > c.passwordMaxLength) {
     throw new ConfigError(`PASSWORD_MIN_LENGTH must be between 8 and ${c.passwordMaxLength}`)
   }
   if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
   }
+  if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
   if (Number.isNaN(c.legacySunset.getTime())) throw new ConfigError('LEGACY_SUNSET must be a date')
   if ((c.bootstrapAdminUsername === undefined) !== (c.bootstrapAdminPassword === undefined)) {

@@ -143,14 +143,14 @@ function toAppError (error: unknown): AppError {
   }
   const known = e.code !== undefined ? FASTIFY_ERRORS[e.code] : undefined
   if (known !== undefined) return new AppError(known[0], known[1], known[2], { cause: error })
+  // The JSON parser's prototype-poisoning guard throws a plain 400 SyntaxError with this text.
+  if (e.statusCode === 400 && /forbidden prototype property|__proto__|constructor/.test(e.message)) {
+    return new AppError('malformed_body', 400, 'The body contains a forbidden property name (__proto__ or constructor).', { cause: error })
+  }
   if (e instanceof SyntaxError && e.statusCode === 400) {
     return new AppError('malformed_body', 400, 'The body is not valid JSON.', { cause: error })
   }
   if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
-    // The proto-poisoning guard in the JSON parser throws a plain 400 with this text.
-    if (/__proto__|constructor/.test(e.message)) {
-      return new AppError('malformed_body', 400, 'The body contains a forbidden property name.', { cause: error })
-    }
     return new AppError(e.statusCode === 429 ? 'rate_limited' : 'malformed_body', e.statusCode, e.statusCode === 429 ? 'Too many requests; slow down.' : 'The request could not be processed.', { cause: error })
   }
   return new AppError('internal_error', 500, 'Something went wrong on our side. The request id identifies it in our logs.', { cause: error })

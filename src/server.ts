@@ -2,6 +2,7 @@ import closeWithGrace from 'close-with-grace'
 import { buildApp } from './app.ts'
 import { bootstrap } from './bootstrap.ts'
 import { ConfigError, loadConfig } from './config.ts'
+import { AppError } from './errors.ts'
 
 let config
 try {
@@ -15,7 +16,18 @@ try {
 }
 
 const app = await buildApp({ config })
-const { generatedKey } = await bootstrap(app.db, app.passwords, config, app.log)
+let generatedKey: string | undefined
+try {
+  ({ generatedKey } = await bootstrap(app.db, app.passwords, config, app.log))
+} catch (error) {
+  // A bad GATEHOUSE_ADMIN_* value is a configuration mistake: say which, in one line.
+  if (error instanceof ConfigError || error instanceof AppError) {
+    process.stderr.write(`gatehouse: cannot create the first admin: ${error instanceof AppError ? error.detail : error.message}\n`)
+    await app.close()
+    process.exit(2)
+  }
+  throw error
+}
 const address = await app.listen({ host: config.host, port: config.port })
 const base = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${config.port}${config.basePath}`
 

@@ -174,6 +174,11 @@ for (const dialect of dialects()) {
       assert.match(res.json().detail, /switched off/)
       assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).statusCode, 200)
     })
+
+    it('leaves public routes alone: a stray query key does not turn health checks into 401s', async () => {
+      assert.equal((await t.app.inject({ url: `/auth/healthz?API_KEY=${t.adminKey}` })).statusCode, 200)
+      assert.equal((await t.app.inject({ url: '/auth/api/version', headers: { authorization: 'Basic x' } })).statusCode, 200)
+    })
   })
 
   describe(`disabling a user (${dialect.name})`, () => {
@@ -198,6 +203,17 @@ for (const dialect of dialects()) {
       assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(secret) })).statusCode, 401)
       const events = (await t.app.inject({ url: '/auth/api/events?type=api_key.revoked', headers: auth(t.adminKey) })).json()
       assert.equal(events[0].data.reason, 'user_disabled')
+    })
+
+    it('records the revocation of a deleted user\'s keys', async () => {
+      const user = (await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), role: 'admin' } })).json()
+      const { insertKeyForSecret, generateApiKeySecret } = await import('../src/api-keys/api-keys.service.ts')
+      const secret = generateApiKeySecret()
+      const key = await t.app.db.transaction().execute(async trx => await insertKeyForSecret(trx, { actorType: 'system', actorId: null, requestId: null, clientIp: null }, secret, { name: 'owned', scopes: ['admin'], userId: user.id, expiresAt: null }))
+      assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).statusCode, 204)
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(secret) })).statusCode, 401)
+      const events = (await t.app.inject({ url: `/auth/api/events?target_id=${key.id}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual(events.map((e: { type: string, data: { reason?: string } }) => [e.type, e.data.reason]), [['api_key.revoked', 'user_deleted'], ['api_key.created', undefined]])
     })
   })
 }

@@ -95,3 +95,21 @@ describe('database unreachable', () => {
     }
   })
 })
+
+describe('password hashing limits', () => {
+  for (const dialect of dialects().slice(0, 1)) {
+    const t = useTestApp(dialect, { hashConcurrency: 1, hashQueueLimit: 0 })
+
+    it('hashes when idle even with no queue, and answers 503 server_busy with Retry-After once saturated', async () => {
+      const create = async () => await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: 'correct horse battery staple' } })
+      assert.equal((await create()).statusCode, 201)
+      const burst = await Promise.all(Array.from({ length: 4 }, create))
+      const statuses = burst.map(r => r.statusCode)
+      assert.ok(statuses.includes(201), statuses.join())
+      const busy = burst.find(r => r.statusCode === 503)
+      assert.ok(busy, statuses.join())
+      assert.equal(busy.json().code, 'server_busy')
+      assert.equal(busy.headers['retry-after'], '1')
+    })
+  }
+})

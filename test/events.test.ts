@@ -93,6 +93,12 @@ for (const dialect of dialects()) {
       assert.ok((await events('until=2999-01-01T00:00:00Z&limit=1')).length === 1)
     })
 
+    it('rejects an unknown filter with 422 rather than ignoring it', async () => {
+      const res = await t.app.inject({ url: '/auth/api/events?typ=user.created', headers: auth(t.adminKey) })
+      assert.equal(res.statusCode, 422)
+      assert.equal(res.json().errors[0].pointer, '/typ')
+    })
+
     it('has no operation that edits or deletes an event', async () => {
       const [latest] = await events('limit=1')
       for (const method of ['PATCH', 'PUT', 'DELETE'] as const) {

@@ -98,6 +98,18 @@ for (const dialect of dialects()) {
       }
     })
 
+    it('takes JSON values exactly as sent: null or a string for a boolean is 422, not a coerced value', async () => {
+      const created = (await post({ username: uniqueName() })).json()
+      for (const payload of [{ disabled: null }, { disabled: 'true' }, { disabled: 0 }, { groups: null }, { groups: 'etl' }, { first_name: 5 }]) {
+        const res = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${created.id}`, headers: auth(t.adminKey), payload })
+        assert.equal(res.statusCode, 422, JSON.stringify(payload))
+        assert.equal(res.json().errors[0].pointer, `/${Object.keys(payload)[0]}`)
+      }
+      assert.equal((await post({ username: uniqueName(), disabled: 'false' })).statusCode, 422)
+      const after = await t.app.inject({ url: `/auth/api/users/${created.id}`, headers: auth(t.adminKey) })
+      assert.deepEqual(after.json(), created)
+    })
+
     it('applies the password policy with a code per rule', async () => {
       const username = uniqueName('grace')
       const cases: Array<[string, string]> = [

@@ -58,9 +58,13 @@ export function requestContext (request: FastifyRequest): RequestContext {
 export default fp(async function authPlugin (app: FastifyInstance) {
   app.decorateRequest('principal', null)
   app.addHook('onRequest', async (request) => {
-    const credential = takeCredential(request, app.config.allowQueryApiKey)
     const scope = request.routeOptions.config.scope
-    if (scope === undefined) return
+    if (scope === undefined) {
+      // Public routes ignore credentials, but a query key must still not travel further.
+      delete (request.query as Record<string, unknown> | undefined)?.API_KEY
+      return
+    }
+    const credential = takeCredential(request, app.config.allowQueryApiKey)
     if (credential === undefined) throw unauthenticated('This operation needs an API key: send it as "Authorization: Bearer <key>", in X-API-Key, or as ?API_KEY=.')
     const principal = await authenticateApiKey(app.db, credential)
     if (principal === undefined) throw unauthenticated('The API key is unknown, expired or revoked.')

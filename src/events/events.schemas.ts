@@ -9,7 +9,7 @@ export type EventType = typeof EVENT_TYPES[number]
 
 export const Event = Type.Object({
   id: Type.String({ format: 'uuid', description: 'Time-ordered (UUID v7).' }),
-  type: Type.String({ description: 'What happened, e.g. `user.created`. Stable; see docs/events.md.', examples: ['user.created'] }),
+  type: Type.String({ description: 'What happened, e.g. `user.created`. Stable; see docs/api.md#events.', examples: ['user.created'] }),
   occurred_at: Type.String({ format: 'date-time' }),
   actor: Type.Object({
     type: Type.Union([Type.Literal('api_key'), Type.Literal('user'), Type.Literal('system')]),
@@ -30,5 +30,5 @@ export const ListEventsQuery = Type.Object({
   until: Type.Optional(Type.String({ format: 'date-time', description: 'Only events before this time.' })),
   limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
   cursor: Type.Optional(Type.String({ maxLength: 512, description: 'From the `Link: rel="next"` header of the previous page.' }))
-})
+}, { additionalProperties: false })
 export type ListEventsQuery = Static<typeof ListEventsQuery>

@@ -50,7 +50,8 @@ export class PasswordHasher {
   }
 
   async #run<T> (task: () => Promise<T>): Promise<T> {
-    if (this.#limit.pendingCount >= this.#queueLimit) {
+    // Refuse only when every slot is busy and the queue is full; an idle hasher always takes work.
+    if (this.#limit.activeCount >= this.#limit.concurrency && this.#limit.pendingCount >= this.#queueLimit) {
       throw new AppError('server_busy', 503, 'Too many password operations are queued; try again shortly.', { headers: { 'Retry-After': '1' } })
     }
     return await this.#limit(task)

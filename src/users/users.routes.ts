@@ -3,6 +3,7 @@ import fastJson from 'fast-json-stringify'
 import { Type } from 'typebox'
 import type { FastifyTypeBox } from '../app.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
+import { coerceFormFields } from '../lib/forms.ts'
 import { setNextLink } from '../lib/paging.ts'
 import { FAMILIES, problems, ref, SECURITY } from '../lib/openapi.ts'
 import { IfMatchHeaders, ListUsersQuery, User, UserCreate, UserIdParams, UserPatch } from './users.schemas.ts'
@@ -27,6 +28,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength }
   }
   const serializeUser = fastJson(User)
+  const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)
 
   for (const family of FAMILIES) {
@@ -44,7 +46,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         body: ref(UserCreate),
         response: { 201: { ...UserRef, description: 'The created user; `Location` names it and `ETag` versions it.' }, ...problems(401, 403, 409, 413, 415, 422, 503) }
       },
-      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES }
+      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES },
+      preValidation: coerceForm
     }, async (request, reply) => {
       const { user, version } = await createUser(deps, request.principal!, requestContext(request), request.body)
       return await reply.code(201)

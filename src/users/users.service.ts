@@ -218,12 +218,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     const updated = await updateUser(trx, id, current.version, changes)
     if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
     await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff })
-    if (patch.disabled === true && !old.disabled) {
-      const revoked = await revokeKeysOfUser(trx, id, now)
-      for (const keyId of revoked) {
-        await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason: 'user_disabled', user_id: id })
-      }
-    }
+    if (patch.disabled === true && !old.disabled) await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
     return { user: toUser(updated), version: updated.version }
   })
 }
@@ -236,6 +231,8 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
     assertMayManage(principal, current, undefined)
     assertIfMatch(ifMatch, current.version)
     if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
+    // The rows go with the user (foreign-key cascade); the record of their revocation stays.
+    await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
     await deleteUser(trx, id)
     await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
   })
@@ -244,6 +241,12 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
 function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
   if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
     throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
+  }
+}
+
+async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted'): Promise<void> {
+  for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
+    await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
   }
 }
 

@@ -1,0 +1,25 @@
+import { Ajv } from 'ajv'
+import addFormats from 'ajv-formats'
+import type { TSchema } from 'typebox'
+import type { FastifyRequest } from 'fastify'
+
+const FORM_TYPES = new Set(['application/x-www-form-urlencoded', 'multipart/form-data'])
+const coercer = new Ajv({ coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true, strict: false })
+addFormats.default(coercer)
+
+/**
+ * JSON bodies are validated exactly as sent (`{"disabled": null}` is an
+ * error, not `false`). Form fields, though, are strings by nature, so for
+ * form bodies this coerces them to the schema's types first: `"true"` to
+ * true, a single `groups` field to a one-item array. Fastify's exact
+ * validation then runs on the result and reports anything still wrong.
+ */
+export function coerceFormFields (schema: TSchema): (request: FastifyRequest) => Promise<void> {
+  const coerce = coercer.compile(schema)
+  return async (request) => {
+    const type = request.headers['content-type']?.split(';')[0]?.trim().toLowerCase()
+    if (type !== undefined && FORM_TYPES.has(type) && typeof request.body === 'object' && request.body !== null) {
+      coerce(request.body)
+    }
+  }
+}
