@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import Fastify, {
+  LogController,
   type FastifyBaseLogger,
   type FastifyInstance,
   type FastifyServerOptions,
@@ -106,6 +107,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID()
     },
     return503OnClosing: true,
+    // One line per request (written in onResponse below) instead of Fastify's two.
+    logController: new LogController({ disableRequestLogging: true }),
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }
   }).withTypeProvider<TypeBoxTypeProvider>()
 
@@ -129,6 +132,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
 
   app.addHook('onRequest', async (request, reply) => {
     reply.header('X-Request-Id', request.id)
+  })
+  app.addHook('onResponse', async (request, reply) => {
+    request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, 'request completed')
   })
   app.addHook('preParsing', async (request) => {
     const accepts = request.routeOptions.config.accepts

@@ -55,3 +55,28 @@ for (const dialect of dialects().slice(0, 1)) {
     })
   })
 }
+
+for (const dialect of dialects()) {
+  describe(`the database-rendered list (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('renders every user exactly as Get User does, whatever the text in it', async () => {
+      const text = fc.string({ unit: 'binary', maxLength: 40 }).filter(s => !s.includes('\u0000'))
+      await fc.assert(fc.asyncProperty(text, text, fc.array(fc.string({ unit: 'grapheme', minLength: 1, maxLength: 8 }), { maxLength: 3 }), fc.boolean(),
+        async (first, last, groups, disabled) => {
+          const created = await t.app.inject({
+            method: 'POST',
+            url: '/auth/api/users',
+            headers: auth(t.adminKey),
+            payload: { username: `p${Math.random().toString(36).slice(2, 12)}`, first_name: first, last_name: last, groups: [...new Set(groups)], disabled }
+          })
+          assert.equal(created.statusCode, 201, created.body)
+          const user = created.json()
+          const listed = await t.app.inject({ url: `/auth/api/users?username=${user.username}&limit=5`, headers: auth(t.adminKey) })
+          assert.deepEqual(listed.json(), [user])
+          const got = await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })
+          assert.deepEqual(got.json(), user)
+        }), { numRuns: 60 })
+    })
+  })
+}

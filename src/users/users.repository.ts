@@ -83,16 +83,34 @@ const SORT_COLUMNS: Record<Sort, ['created_at' | 'username_key' | 'updated_at', 
 
 export type UserFilter = Omit<ListUsersQuery, 'limit' | 'cursor' | 'sort'>
 
+/** One page of users already rendered as a JSON array, and the keyset position after its last user. */
+export interface UserPageJson {
+  json: string
+  /** [sort value, id] of the last user on the page, when more users follow. */
+  next: [string, string] | undefined
+}
+
 /**
  * One keyset page: rows strictly after `after` = [sort value, id] in the
- * requested order. The id breaks ties, so every row is seen exactly once.
+ * requested order (the id breaks ties, so every row is seen exactly once).
+ *
+ * The database renders the page as JSON, in the User shape, and finds the
+ * next position in the same statement: building 50 row objects in JS and
+ * serializing them again cost four times as much as the whole query.
  */
-export async function listUsers (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<PublicUserRow[]> {
+export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   const [column, direction] = SORT_COLUMNS[sort]
   const pg = isPostgres(db)
   const cmp = direction === 'asc' ? '>' : '<'
   const needle = filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined
-  return await db.selectFrom('users').select(PUBLIC_COLUMNS)
+  const order = sql`${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}`
+  const page = db.selectFrom('users')
+    .select([
+      (pg ? USER_JSON_PG : USER_JSON_SQLITE).as('doc'),
+      (pg && column !== 'username_key' ? sql<string>`${sql.raw(isoText(column))}` : sql<string>`${sql.ref(column)}`).as('k'),
+      (pg ? sql<string>`id::text` : sql<string>`id`).as('kid'),
+      sql<number>`row_number() over (order by ${order})`.as('rn')
+    ])
     .$if(needle !== undefined, q => q.where(eb => eb.or([
       eb(sql`username_key`, 'like', sql`${needle} escape '\\'`),
       eb(sql`email_key`, 'like', sql`${needle} escape '\\'`),
@@ -112,8 +130,38 @@ export async function listUsers (db: Db, filter: UserFilter, sort: Sort, limit: 
     .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple(column, 'id'), cmp, tuple(after![0], after![1]))))
     .orderBy(column, direction)
     .orderBy('id', direction)
-    .limit(limit)
-    .execute()
+    // One more than the page, to know whether another page follows.
+    .limit(limit + 1)
+  const row = await db.selectFrom(page.as('p'))
+    .select([
+      (pg
+        ? sql<string | null>`(json_agg(doc order by rn) filter (where rn <= ${limit}))::text`
+        : sql<string | null>`json_group_array(json(doc) order by rn) filter (where rn <= ${limit})`).as('json'),
+      sql<number | string>`count(*)`.as('n'),
+      sql<string | null>`max(case when rn = ${limit} then k end)`.as('last_k'),
+      sql<string | null>`max(case when rn = ${limit} then kid end)`.as('last_id')
+    ])
+    .executeTakeFirstOrThrow()
+  const more = Number(row.n) > limit && row.last_k !== null && row.last_id !== null
+  return { json: row.json ?? '[]', next: more ? [row.last_k!, row.last_id!] : undefined }
+}
+
+/** The User representation, field for field as the User schema orders it (users.schemas.ts). */
+const USER_JSON_SQLITE = sql<string>`json_object(
+  'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
+  'role', role, 'groups', json(groups), 'disabled', json(case when disabled then 'true' else 'false' end),
+  'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
+  'password_changed_at', password_changed_at)`
+
+const USER_JSON_PG = sql<string>`json_build_object(
+  'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
+  'role', role, 'groups', groups, 'disabled', disabled,
+  'created_at', ${sql.raw(isoText('created_at'))}, 'updated_at', ${sql.raw(isoText('updated_at'))},
+  'last_login_at', ${sql.raw(isoText('last_login_at'))}, 'password_changed_at', ${sql.raw(isoText('password_changed_at'))})`
+
+/** A timestamptz as the RFC 3339 UTC text the API uses everywhere (`toISOString()` form). */
+function isoText (column: string): string {
+  return `to_char(${column} at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"')`
 }
 
 function escapeLike (value: string): string {

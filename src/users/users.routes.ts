@@ -1,5 +1,4 @@
 import { Readable } from 'node:stream'
-import fastJson from 'fast-json-stringify'
 import { Type } from 'typebox'
 import type { FastifyTypeBox } from '../app.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
@@ -13,7 +12,7 @@ import {
   etagOf,
   getUser,
   listUsersPage,
-  streamUsers,
+  streamUsersJson,
   updateUserById,
   type UsersDeps
 } from './users.service.ts'
@@ -27,7 +26,6 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     passwords: app.passwords,
     passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength }
   }
-  const serializeUser = fastJson(User)
   const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)
 
@@ -69,14 +67,15 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       config: { scope: 'users:read', legacy: family.legacy }
     }, async (request, reply) => {
       const { limit, cursor, sort = 'created_at', ...filter } = request.query
+      // The database renders users in the User shape (users.repository.ts), so
+      // the JSON text goes out as it is: a string with a JSON type is not serialized again.
+      reply.type('application/json; charset=utf-8')
       if (limit === undefined && cursor === undefined) {
-        reply.type('application/json; charset=utf-8')
-        // A stream bypasses the response serializer; each user is serialized with the same schema.
-        return await reply.send(Readable.from(jsonArray(streamUsers(deps, filter, sort), serializeUser)) as never)
+        return await reply.send(Readable.from(streamUsersJson(deps, filter, sort)) as never)
       }
       const page = await listUsersPage(deps, filter, sort, limit ?? 100, cursor)
       if (page.nextCursor !== undefined) setNextLink(request, reply, page.nextCursor)
-      return page.users
+      return await reply.send(page.json as never)
     })
 
     app.get(`${base}/:user_id`, {
@@ -129,16 +128,4 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       return await reply.code(204).send(null)
     })
   }
-}
-
-/** Streams `[a,b,…]` a batch at a time. */
-async function * jsonArray<T> (batches: AsyncIterable<T[]>, serialize: (item: T) => string): AsyncGenerator<string> {
-  let first = true
-  yield '['
-  for await (const batch of batches) {
-    const text = batch.map(serialize).join(',')
-    yield first ? text : ',' + text
-    first = false
-  }
-  yield ']'
 }

@@ -11,7 +11,7 @@ import {
   findPublicUserById,
   findUserById,
   insertUser,
-  listUsers,
+  listUsersJson,
   lockEnabledAdminIds,
   updateUser,
   type PublicUserRow,
@@ -127,38 +127,35 @@ export async function getUser (deps: UsersDeps, id: string): Promise<VersionedUs
   return { user: toUser(row), version: row.version }
 }
 
-export interface UsersPage { users: User[], nextCursor: string | undefined }
+/** A page of users as a JSON array (rendered by the database), and the cursor of the next page if any. */
+export interface UsersPage { json: string, nextCursor: string | undefined }
 
 export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
   const after = cursor !== undefined ? decodeCursor(cursor, sort, 2) as [string, string] : undefined
-  const rows = await listUsers(deps.db, filter, sort, limit + 1, after)
-  const page = rows.slice(0, limit)
-  const last = page.at(-1)
-  return {
-    users: page.map(toUser),
-    nextCursor: rows.length > limit && last !== undefined ? encodeCursor(sort, sortKeyOf(last, sort)) : undefined
-  }
+  const page = await listUsersJson(deps.db, filter, sort, limit, after)
+  return { json: page.json, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
 }
 
 /**
- * Every matching user, a batch at a time. Batches follow the same keyset as
- * pages, so no database connection or lock is held while a slow client reads,
- * and memory stays at one batch however many users exist.
+ * Every matching user, as the JSON text of one array, a batch at a time.
+ * Batches follow the same keyset as pages, so no database connection or lock
+ * is held while a slow client reads, and memory stays at one batch however
+ * many users exist.
  */
-export async function * streamUsers (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): AsyncGenerator<User[]> {
+export async function * streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): AsyncGenerator<string> {
   let after: [string, string] | undefined
-  for (;;) {
-    const rows = await listUsers(deps.db, filter, sort, batchSize, after)
-    if (rows.length > 0) yield rows.map(toUser)
-    if (rows.length < batchSize) return
-    after = sortKeyOf(rows.at(-1)!, sort)
-  }
-}
-
-function sortKeyOf (row: PublicUserRow, sort: Sort): [string, string] {
-  const field = sort.replace(/^-/, '')
-  const value = field === 'username' ? row.username.toLowerCase() : toIso(field === 'updated_at' ? row.updated_at : row.created_at)
-  return [value, row.id]
+  let first = true
+  yield '['
+  do {
+    const page = await listUsersJson(deps.db, filter, sort, batchSize, after)
+    const items = page.json.slice(1, -1)
+    if (items !== '') {
+      yield first ? items : ',' + items
+      first = false
+    }
+    after = page.next
+  } while (after !== undefined)
+  yield ']'
 }
 
 export async function updateUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, patch: UserPatch, ifMatch: string | undefined): Promise<VersionedUser> {
