@@ -94,23 +94,18 @@ export interface UserPageJson {
  * One keyset page: rows strictly after `after` = [sort value, id] in the
  * requested order (the id breaks ties, so every row is seen exactly once).
  *
- * The database renders the page as JSON, in the User shape, and finds the
- * next position in the same statement: building 50 row objects in JS and
- * serializing them again cost four times as much as the whole query.
+ * The database renders the page as JSON, in the User shape: building 50 row
+ * objects in JS and serializing them again cost four times as much as the
+ * whole query. One row more than the page is read, to know whether another
+ * page follows; it is cut from the text below.
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   const [column, direction] = SORT_COLUMNS[sort]
   const pg = isPostgres(db)
   const cmp = direction === 'asc' ? '>' : '<'
   const needle = filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined
-  const order = sql`${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}`
   const page = db.selectFrom('users')
-    .select([
-      (pg ? USER_JSON_PG : USER_JSON_SQLITE).as('doc'),
-      (pg && column !== 'username_key' ? sql<string>`${sql.raw(isoText(column))}` : sql<string>`${sql.ref(column)}`).as('k'),
-      (pg ? sql<string>`id::text` : sql<string>`id`).as('kid'),
-      sql<number>`row_number() over (order by ${order})`.as('rn')
-    ])
+    .select([...PUBLIC_COLUMNS, 'username_key'])
     .$if(needle !== undefined, q => q.where(eb => eb.or([
       eb(sql`username_key`, 'like', sql`${needle} escape '\\'`),
       eb(sql`email_key`, 'like', sql`${needle} escape '\\'`),
@@ -130,20 +125,26 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
     .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple(column, 'id'), cmp, tuple(after![0], after![1]))))
     .orderBy(column, direction)
     .orderBy('id', direction)
-    // One more than the page, to know whether another page follows.
     .limit(limit + 1)
+  // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
+  // subquery's order (it runs it as a co-routine and cannot flatten it into
+  // an aggregate); an explicit ORDER BY inside the aggregate would sort the
+  // page a second time. PostgreSQL is told the order explicitly.
+  const aggregate = pg
+    ? sql<string | null>`(json_agg(${USER_JSON_PG} order by ${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}))::text`
+    : sql<string | null>`json_group_array(${USER_JSON_SQLITE})`
   const row = await db.selectFrom(page.as('p'))
-    .select([
-      (pg
-        ? sql<string | null>`(json_agg(doc order by rn) filter (where rn <= ${limit}))::text`
-        : sql<string | null>`json_group_array(json(doc) order by rn) filter (where rn <= ${limit})`).as('json'),
-      sql<number | string>`count(*)`.as('n'),
-      sql<string | null>`max(case when rn = ${limit} then k end)`.as('last_k'),
-      sql<string | null>`max(case when rn = ${limit} then kid end)`.as('last_id')
-    ])
+    .select([aggregate.as('json'), sql<number | string>`count(*)`.as('n')])
     .executeTakeFirstOrThrow()
-  const more = Number(row.n) > limit && row.last_k !== null && row.last_id !== null
-  return { json: row.json ?? '[]', next: more ? [row.last_k!, row.last_id!] : undefined }
+  const json = row.json ?? '[]'
+  if (Number(row.n) <= limit) return { json, next: undefined }
+  // Each element starts with this text, and it cannot occur inside one: quotes in strings are escaped.
+  const marker = pg ? ', {"id" : "' : ',{"id":"'
+  const trimmed = json.slice(0, json.lastIndexOf(marker)) + ']'
+  const lastStart = trimmed.lastIndexOf(marker)
+  const last = JSON.parse(trimmed.slice(lastStart === -1 ? 1 : lastStart + marker.indexOf('{'), -1)) as { id: string, username: string, created_at: string, updated_at: string }
+  const key = column === 'username_key' ? last.username.toLowerCase() : last[column]
+  return { json: trimmed, next: [key, last.id] }
 }
 
 /** The User representation, field for field as the User schema orders it (users.schemas.ts). */
