@@ -1,5 +1,6 @@
 import type { Selectable } from 'kysely'
 import type { ApiKeysTable, Db } from '../db/database.ts'
+import { executePrepared } from '../db/prepared.ts'
 
 export type ApiKeyRow = Selectable<ApiKeysTable>
 
@@ -28,14 +29,14 @@ export async function findApiKeyById (db: Db, id: string): Promise<ApiKeyRow | u
 
 /** The credential check on every request: one indexed lookup, with the owner's state joined in. */
 export async function findApiKeyByDigest (db: Db, digest: string) {
-  return await db.selectFrom('api_keys')
+  const [row] = await executePrepared(db, 'api_key_by_digest', param => db.selectFrom('api_keys')
     .leftJoin('users', 'users.id', 'api_keys.user_id')
     .select([
       'api_keys.id', 'api_keys.scopes', 'api_keys.user_id', 'api_keys.expires_at', 'api_keys.revoked_at',
       'api_keys.last_used_at', 'users.role as owner_role', 'users.disabled as owner_disabled'
     ])
-    .where('api_keys.digest', '=', digest)
-    .executeTakeFirst()
+    .where('api_keys.digest', '=', param('digest')), { digest })
+  return row
 }
 
 export async function listApiKeys (db: Db, options: { includeRevoked: boolean }): Promise<ApiKeyRow[]> {

@@ -1,5 +1,6 @@
 import { sql, type Selectable, type Updateable } from 'kysely'
 import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
+import { executePrepared } from '../db/prepared.ts'
 import type { ListUsersQuery, Sort } from './users.schemas.ts'
 
 export type UserRow = Selectable<UsersTable>
@@ -103,39 +104,60 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
   const [column, direction] = SORT_COLUMNS[sort]
   const pg = isPostgres(db)
   const cmp = direction === 'asc' ? '>' : '<'
-  const needle = filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined
-  const page = db.selectFrom('users')
-    .select([...PUBLIC_COLUMNS, 'username_key'])
-    .$if(needle !== undefined, q => q.where(eb => eb.or([
-      eb(sql`username_key`, 'like', sql`${needle} escape '\\'`),
-      eb(sql`email_key`, 'like', sql`${needle} escape '\\'`),
-      eb(sql`lower(first_name)`, 'like', sql`${needle} escape '\\'`),
-      eb(sql`lower(last_name)`, 'like', sql`${needle} escape '\\'`)
-    ])))
-    .$if(filter.username !== undefined, q => q.where('username_key', '=', filter.username!.toLowerCase()))
-    .$if(filter.email !== undefined, q => q.where('email_key', '=', filter.email!.toLowerCase()))
-    .$if(filter.role !== undefined, q => q.where('role', '=', filter.role!))
-    .$if(filter.disabled !== undefined, q => q.where('disabled', '=', filter.disabled!))
-    .$if(filter.group !== undefined, q => q.where(pg
-      ? sql<boolean>`groups ? ${filter.group}`
-      : sql<boolean>`exists (select 1 from json_each(users.groups) where json_each.value = ${filter.group})`))
-    // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
-    // answer it with an index range search; the OR form scans from the start
-    // of the index on every page, which made the full list quadratic.
-    .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple(column, 'id'), cmp, tuple(after![0], after![1]))))
-    .orderBy(column, direction)
-    .orderBy('id', direction)
-    .limit(limit + 1)
-  // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
-  // subquery's order (it runs it as a co-routine and cannot flatten it into
-  // an aggregate); an explicit ORDER BY inside the aggregate would sort the
-  // page a second time. PostgreSQL is told the order explicitly.
-  const aggregate = pg
-    ? sql<string | null>`(json_agg(${USER_JSON_PG} order by ${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}))::text`
-    : sql<string | null>`json_group_array(${USER_JSON_SQLITE})`
-  const row = await db.selectFrom(page.as('p'))
-    .select([aggregate.as('json'), sql<number | string>`count(*)`.as('n')])
-    .executeTakeFirstOrThrow()
+  const has = {
+    q: filter.q !== undefined,
+    username: filter.username !== undefined,
+    email: filter.email !== undefined,
+    role: filter.role !== undefined,
+    disabled: filter.disabled !== undefined,
+    group: filter.group !== undefined,
+    after: after !== undefined
+  }
+  const shape = `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}`
+  const [row] = await executePrepared(db, shape, param => {
+    const page = db.selectFrom('users')
+      .select([...PUBLIC_COLUMNS, 'username_key'])
+      .$if(has.q, q => q.where(eb => eb.or([
+        eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
+        eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
+        eb(sql`lower(first_name)`, 'like', sql`${param('needle')} escape '\\'`),
+        eb(sql`lower(last_name)`, 'like', sql`${param('needle')} escape '\\'`)
+      ])))
+      .$if(has.username, q => q.where('username_key', '=', param('username_key')))
+      .$if(has.email, q => q.where('email_key', '=', param('email_key')))
+      .$if(has.role, q => q.where('role', '=', param('role')))
+      .$if(has.disabled, q => q.where('disabled', '=', param('disabled')))
+      .$if(has.group, q => q.where(pg
+        ? sql<boolean>`groups ? ${param('group')}`
+        : sql<boolean>`exists (select 1 from json_each(users.groups) where json_each.value = ${param('group')})`))
+      // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
+      // answer it with an index range search; the OR form scans from the start
+      // of the index on every page, which made the full list quadratic.
+      .$if(has.after, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple(column, 'id'), cmp, tuple(param('after_key'), param('after_id')))))
+      .orderBy(column, direction)
+      .orderBy('id', direction)
+      // One more than the page, to know whether another page follows.
+      .limit(param('limit_plus_one'))
+    // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
+    // subquery's order (it runs it as a co-routine and cannot flatten it into
+    // an aggregate); an explicit ORDER BY inside the aggregate would sort the
+    // page a second time. PostgreSQL is told the order explicitly.
+    const aggregate = pg
+      ? sql<string | null>`(json_agg(${USER_JSON_PG} order by ${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}))::text`
+      : sql<string | null>`json_group_array(${USER_JSON_SQLITE})`
+    return db.selectFrom(page.as('p')).select([aggregate.as('json'), sql<number | string>`count(*)`.as('n')])
+  }, {
+    needle: filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined,
+    username_key: filter.username?.toLowerCase(),
+    email_key: filter.email?.toLowerCase(),
+    role: filter.role,
+    disabled: filter.disabled,
+    group: filter.group,
+    after_key: after?.[0],
+    after_id: after?.[1],
+    limit_plus_one: limit + 1
+  })
+  if (row === undefined) throw new Error('an aggregate query returned no row')
   const json = row.json ?? '[]'
   if (Number(row.n) <= limit) return { json, next: undefined }
   // Each element starts with this text, and it cannot occur inside one: quotes in strings are escaped.

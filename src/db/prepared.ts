@@ -1,0 +1,48 @@
+import { CompiledQuery, type Compilable } from 'kysely'
+import type { Db } from './database.ts'
+
+const SENTINEL = '\u0000gatehouse-param:'
+
+interface Template { sql: string, slots: Array<{ name: string } | { value: unknown }> }
+
+const templates = new WeakMap<Db, Map<string, Template>>()
+
+/**
+ * Runs a query that is built and compiled once per shape, then only bound.
+ *
+ * Kysely builds and compiles a query on every call; for a short query on
+ * SQLite that costs several times the query itself, on the paths every
+ * request takes (the credential check, the list page). `build` receives
+ * `param(name)` placeholders instead of values and must not look inside
+ * them; `shape` must name everything that changes the SQL text (which
+ * filters are present, the sort order), because queries are cached by it.
+ */
+export async function executePrepared<Row> (
+  db: Db,
+  shape: string,
+  build: (param: (name: string) => any) => Compilable<Row>,
+  values: Record<string, unknown>
+): Promise<Row[]> {
+  let perDb = templates.get(db)
+  if (perDb === undefined) {
+    perDb = new Map()
+    templates.set(db, perDb)
+  }
+  let template = perDb.get(shape)
+  if (template === undefined) {
+    const compiled = build(name => SENTINEL + name).compile()
+    template = {
+      sql: compiled.sql,
+      slots: compiled.parameters.map(p =>
+        typeof p === 'string' && p.startsWith(SENTINEL) ? { name: p.slice(SENTINEL.length) } : { value: p })
+    }
+    perDb.set(shape, template)
+  }
+  const parameters = template.slots.map(slot => {
+    if ('value' in slot) return slot.value
+    if (!(slot.name in values)) throw new Error(`prepared query "${shape}" needs a value for ${slot.name}`)
+    return values[slot.name]
+  })
+  const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))
+  return result.rows
+}
