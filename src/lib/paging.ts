@@ -27,8 +27,9 @@ export function decodeCursor (cursor: string, sort: string, arity: number): stri
 
 /** Sets `Link: <…>; rel="next"` keeping every query parameter but the cursor (and never a credential). */
 export function setNextLink (request: FastifyRequest, reply: FastifyReply, cursor: string): void {
-  const url = new URL(request.url, 'http://placeholder')
-  url.searchParams.delete('API_KEY')
-  url.searchParams.set('cursor', cursor)
-  reply.header('Link', `<${url.pathname}${url.search}>; rel="next"`)
+  const [path, query = ''] = request.url.split('?', 2)
+  // Parameters are kept as the client wrote them; only cursor and API_KEY are dropped.
+  const kept = query.split('&').filter(pair => pair !== '' && !/^(cursor|API_KEY)(=|$)/i.test(pair))
+  kept.push(`cursor=${cursor}`)
+  reply.header('Link', `<${path}?${kept.join('&')}>; rel="next"`)
 }

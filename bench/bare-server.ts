@@ -1,0 +1,41 @@
+/**
+ * The baseline for bench/list-users.ts: Fastify with default options and no
+ * logger, one route returning a fixed array of 50 users, serialized with the
+ * very same response schema as gatehouse's list (`Type.Array(User)`).
+ * Started as a child process: `PORT=… node --import tsx bench/bare-server.ts`.
+ *
+ * With BARE_DB=<sqlite file> it is instead the issue's other reference point,
+ * "the same read from better-sqlite3": the route reads the 50 users on every
+ * request, the plain way (row objects, mapped, then serialized by the schema).
+ */
+import SQLite from 'better-sqlite3'
+import Fastify from 'fastify'
+import { Type } from 'typebox'
+import { User } from '../src/users/users.schemas.ts'
+import { apiUser, seedRow, USERS_PATH } from './fixtures.ts'
+
+const ITEMS = 50
+
+const port = Number(process.env.PORT ?? '0')
+const users = Array.from({ length: ITEMS }, (_, i) => apiUser(seedRow(i)))
+
+interface Row { groups: string, disabled: number }
+const read = process.env.BARE_DB !== undefined
+  ? (() => {
+      const statement = new SQLite(process.env.BARE_DB, { readonly: true }).prepare(
+        `select id, username, email, first_name, last_name, role, groups, disabled, created_at, updated_at, last_login_at, password_changed_at
+         from users order by created_at, id limit ${ITEMS}`)
+      return () => (statement.all() as Row[]).map(row => ({ ...row, groups: JSON.parse(row.groups) as string[], disabled: row.disabled === 1 }))
+    })()
+  : () => users
+
+const app = Fastify()
+app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => read())
+
+// A clean exit on SIGTERM, so `--cpu-prof` gets to write its profile.
+process.once('SIGTERM', () => {
+  app.close().then(() => process.exit(0), () => process.exit(1))
+})
+
+const address = await app.listen({ host: '127.0.0.1', port })
+process.stdout.write(`bare server listening at ${address}\n`)
