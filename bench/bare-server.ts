@@ -12,12 +12,13 @@ import SQLite from 'better-sqlite3'
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
-import { apiUser, seedRow, USERS_PATH } from './fixtures.ts'
+import { toUser } from '../src/users/users.service.ts'
+import { seedRow, USERS_PATH } from './fixtures.ts'
 
 const ITEMS = 50
 
 const port = Number(process.env.PORT ?? '0')
-const users = Array.from({ length: ITEMS }, (_, i) => apiUser(seedRow(i)))
+const users = Array.from({ length: ITEMS }, (_, i) => toUser(seedRow(i)))
 
 interface Row { groups: string, disabled: number }
 const read = process.env.BARE_DB !== undefined

@@ -1,5 +1,4 @@
 import { v7 } from 'uuid'
-import type { User } from '../src/users/users.schemas.ts'
 
 /**
  * Seed data shared by the benchmark driver (rows written to SQLite) and the
@@ -58,23 +57,5 @@ export function seedRow (i: number): SeedRow {
     updated_at: at,
     last_login_at: null,
     password_changed_at: null
-  }
-}
-
-/** The row as the API returns it (what src/users/users.service.ts `toUser` makes of it). */
-export function apiUser (row: SeedRow): User {
-  return {
-    id: row.id,
-    username: row.username,
-    email: row.email,
-    first_name: row.first_name,
-    last_name: row.last_name,
-    role: row.role,
-    groups: JSON.parse(row.groups) as string[],
-    disabled: row.disabled !== 0,
-    created_at: row.created_at,
-    updated_at: row.updated_at,
-    last_login_at: row.last_login_at,
-    password_changed_at: row.password_changed_at
   }
 }
