@@ -9,6 +9,7 @@ import Fastify, {
   type RawServerDefault
 } from 'fastify'
 import { AjvCompiler, type BuildCompilerFromPool, type RouteDefinition } from '@fastify/ajv-compiler'
+import cookie from '@fastify/cookie'
 import formbody from '@fastify/formbody'
 import pino from 'pino'
 import multipart from '@fastify/multipart'
@@ -30,6 +31,10 @@ import { Event } from './events/events.schemas.ts'
 import eventsRoutes from './events/events.routes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
+import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
+import sessionsRoutes from './sessions/sessions.routes.ts'
+import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
+import { randomSecret } from './lib/secrets.ts'
 
 export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
 
@@ -68,7 +73,7 @@ const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
   const coercing = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } })
   return ((route: RouteDefinition) => route.httpPart === 'body' ? exact(route) : coercing(route)) as ReturnType<BuildCompilerFromPool>
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange]
 
 /** Request log lines carry the path, never a credential given in the query string. */
 export function redactUrl (url: string): string {
@@ -123,13 +128,19 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   if (options.db === undefined) app.addHook('onClose', async () => { await db.destroy() })
   if (options.migrate !== false) await migrateToLatest(db, config.databaseSchema)
 
+  const passwords = new PasswordHasher(config)
   app.decorate('config', config)
   app.decorate('db', db)
-  app.decorate('passwords', new PasswordHasher(config))
+  app.decorate('passwords', passwords)
+  const failures = config.redisUrl !== undefined ? redisFailureCounter(config.redisUrl) : memoryFailureCounter()
+  app.addHook('onClose', async () => { await failures.close() })
+  // Verified against when a sign-in has no real hash to check, so every failure costs one argon2 verification.
+  const dummyHash = await passwords.hash(randomSecret('dummy_'))
 
   registerErrorHandling(app)
   for (const schema of SHARED_SCHEMAS) app.addSchema(schema)
 
+  await app.register(cookie)
   await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
   await app.register(multipart, {
     attachFieldsToBody: 'keyValues',
@@ -175,6 +186,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(usersRoutes)
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
+    await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash })
   }, { prefix: config.basePath })
 
   return app
@@ -202,6 +214,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
       },
       tags: [
         { name: 'default', description: 'Users: the current release\'s paths.' },
+        { name: 'sessions', description: 'Sign-in for web-UI users, self-service, and the reverse-proxy check.' },
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
         { name: 'system', description: 'Version, health and readiness.' },

@@ -3,7 +3,8 @@ import type { Config } from './config.ts'
 import type { Db } from './db/database.ts'
 import { ConfigError } from './config.ts'
 import { SYSTEM_CONTEXT } from './auth/principal.ts'
-import { digestOf, generateApiKeySecret, insertKeyForSecret } from './api-keys/api-keys.service.ts'
+import { generateApiKeySecret, insertKeyForSecret } from './api-keys/api-keys.service.ts'
+import { digestOf } from './lib/secrets.ts'
 import { createUser, type UsersDeps } from './users/users.service.ts'
 import type { PasswordHasher } from './lib/passwords.ts'
 
@@ -40,7 +41,7 @@ export async function bootstrap (db: Db, passwords: PasswordHasher, config: Conf
     const existing = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
     if (existing === undefined) {
       const deps: UsersDeps = { db, passwords, passwordPolicy: { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength } }
-      const systemAdmin = { type: 'api_key' as const, id: 'system', userId: null, scopes: new Set(['admin'] as const) }
+      const systemAdmin = { type: 'api_key' as const, id: 'system', userId: null, user: null, scopes: new Set(['admin'] as const) }
       await createUser(deps, systemAdmin, ctx, { username, password: config.bootstrapAdminPassword, role: 'admin' })
       await db.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })
         .onConflict(oc => oc.column('key').doNothing()).execute()

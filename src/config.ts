@@ -40,6 +40,22 @@ export interface Config {
   bootstrapAdminApiKey: string | undefined
   bootstrapAdminUsername: string | undefined
   bootstrapAdminPassword: string | undefined
+  /** A session ends after this long without a request… */
+  sessionIdleTimeoutMs: number
+  /** …and in any case this long after sign-in. */
+  sessionAbsoluteTimeoutMs: number
+  /** Failed sign-ins for one account from one address before 429 (per window). */
+  loginMaxFailuresPerAccount: number
+  /** Failed sign-ins from one address, across accounts, before 429 (per window). */
+  loginMaxFailuresPerAddress: number
+  loginFailureWindowMs: number
+  /** Consecutive failures, from anywhere, that lock an account; a locked account cannot sign in. */
+  accountLockThreshold: number
+  accountLockMs: number
+  /** Shares sign-in throttling across instances; in memory when unset. */
+  redisUrl: string | undefined
+  /** Origins besides the service's own from which cookie-authenticated writes are accepted (CSRF). */
+  trustedOrigins: string[]
 }
 
 export class ConfigError extends Error {}
@@ -69,7 +85,16 @@ const DEFAULTS: Config = {
   legacySunset: new Date('2027-12-31T00:00:00Z'),
   bootstrapAdminApiKey: undefined,
   bootstrapAdminUsername: undefined,
-  bootstrapAdminPassword: undefined
+  bootstrapAdminPassword: undefined,
+  sessionIdleTimeoutMs: 30 * 60_000,
+  sessionAbsoluteTimeoutMs: 12 * 3_600_000,
+  loginMaxFailuresPerAccount: 10,
+  loginMaxFailuresPerAddress: 100,
+  loginFailureWindowMs: 15 * 60_000,
+  accountLockThreshold: 50,
+  accountLockMs: 15 * 60_000,
+  redisUrl: undefined,
+  trustedOrigins: []
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
@@ -130,6 +155,15 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.bootstrapAdminApiKey = str('GATEHOUSE_ADMIN_API_KEY')
   c.bootstrapAdminUsername = str('GATEHOUSE_ADMIN_USERNAME')
   c.bootstrapAdminPassword = str('GATEHOUSE_ADMIN_PASSWORD')
+  c.sessionIdleTimeoutMs = int('SESSION_IDLE_TIMEOUT_S', c.sessionIdleTimeoutMs / 1000) * 1000
+  c.sessionAbsoluteTimeoutMs = int('SESSION_ABSOLUTE_TIMEOUT_S', c.sessionAbsoluteTimeoutMs / 1000) * 1000
+  c.loginMaxFailuresPerAccount = int('LOGIN_MAX_FAILURES_PER_ACCOUNT', c.loginMaxFailuresPerAccount)
+  c.loginMaxFailuresPerAddress = int('LOGIN_MAX_FAILURES_PER_ADDRESS', c.loginMaxFailuresPerAddress)
+  c.loginFailureWindowMs = int('LOGIN_FAILURE_WINDOW_S', c.loginFailureWindowMs / 1000) * 1000
+  c.accountLockThreshold = int('ACCOUNT_LOCK_THRESHOLD', c.accountLockThreshold)
+  c.accountLockMs = int('ACCOUNT_LOCK_S', c.accountLockMs / 1000) * 1000
+  c.redisUrl = str('REDIS_URL')
+  c.trustedOrigins = (str('TRUSTED_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   return validate(c)
 }
 
@@ -148,6 +182,15 @@ function validate (c: Config): Config {
   }
   if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
+  }
+  if (c.sessionIdleTimeoutMs < 60_000 || c.sessionAbsoluteTimeoutMs < c.sessionIdleTimeoutMs) {
+    throw new ConfigError('SESSION_IDLE_TIMEOUT_S must be at least 60 and SESSION_ABSOLUTE_TIMEOUT_S at least the idle time-out')
+  }
+  if (c.loginMaxFailuresPerAccount < 1 || c.loginMaxFailuresPerAddress < 1 || c.accountLockThreshold < 1) {
+    throw new ConfigError('sign-in failure limits must be at least 1')
+  }
+  for (const origin of c.trustedOrigins) {
+    if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`TRUSTED_ORIGINS entries look like https://ui.example.com, got "${origin}"`)
   }
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')

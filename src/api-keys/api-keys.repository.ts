@@ -33,7 +33,8 @@ export async function findApiKeyByDigest (db: Db, digest: string) {
     .leftJoin('users', 'users.id', 'api_keys.user_id')
     .select([
       'api_keys.id', 'api_keys.scopes', 'api_keys.user_id', 'api_keys.expires_at', 'api_keys.revoked_at',
-      'api_keys.last_used_at', 'users.role as owner_role', 'users.disabled as owner_disabled'
+      'api_keys.last_used_at', 'users.role as owner_role', 'users.disabled as owner_disabled',
+      'users.username as owner_username', 'users.groups as owner_groups'
     ])
     .where('api_keys.digest', '=', param('digest')), { digest })
   return row

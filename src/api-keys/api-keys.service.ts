@@ -1,9 +1,9 @@
-import { createHash, randomBytes } from 'node:crypto'
 import { toIso, toBool, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { Principal, RequestContext, Scope } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { digestOf, randomSecret } from '../lib/secrets.ts'
 import {
   findApiKeyByDigest,
   findApiKeyById,
@@ -18,23 +18,11 @@ import type { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys.schemas.
 
 /** Marks our secrets so secret scanners and people can tell what leaked. */
 export const KEY_PREFIX = 'gatehouse_'
-const BASE62 = '0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz'
 /** How stale `last_used_at` may get: writing it on every request would make reads cost a write. */
 const TOUCH_INTERVAL_MS = 60_000
 
-/** 256 random bits, base62 so the key is one word to double-click and copy. */
 export function generateApiKeySecret (): string {
-  let n = BigInt('0x' + randomBytes(32).toString('hex'))
-  let out = ''
-  while (n > 0n) {
-    out = BASE62[Number(n % 62n)]! + out
-    n /= 62n
-  }
-  return KEY_PREFIX + out.padStart(43, '0')
-}
-
-export function digestOf (secret: string): string {
-  return createHash('sha256').update(secret, 'utf8').digest('hex')
+  return randomSecret(KEY_PREFIX)
 }
 
 /** What may be shown of a secret: our marker plus six characters, or the first eight of a foreign key. */
@@ -158,5 +146,8 @@ export async function authenticateApiKey (db: Db, secret: string): Promise<Princ
   if (row.last_used_at === null || now - new Date(row.last_used_at).getTime() > TOUCH_INTERVAL_MS) {
     await touchApiKey(db, row.id, new Date(now).toISOString())
   }
-  return { type: 'api_key', id: row.id, userId: row.user_id, scopes: new Set(effective) }
+  const user = row.user_id !== null
+    ? { id: row.user_id, username: row.owner_username!, role: row.owner_role!, groups: toStringArray(row.owner_groups!) }
+    : null
+  return { type: 'api_key', id: row.id, userId: row.user_id, user, scopes: new Set(effective) }
 }

@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { authenticateApiKey } from '../api-keys/api-keys.service.ts'
 import { AppError } from '../errors.ts'
+import { authenticateSession, SESSION_TOKEN_PREFIX } from '../sessions/sessions.service.ts'
 import { hasScope, type Principal, type RequestContext, type Scope } from './principal.ts'
 
 declare module 'fastify' {
@@ -9,68 +10,112 @@ declare module 'fastify' {
     principal: Principal | null
   }
   interface FastifyContextConfig {
-    /** The scope a route needs; absent means the route is public. */
-    scope?: Scope
+    /**
+     * Who may call the route: a scope, or `signed_in` for any valid credential.
+     * Absent means the route is public.
+     */
+    scope?: Scope | 'signed_in'
+    /** Also allow a credential of the user named by the `user_id` path parameter (self-service). */
+    self?: boolean
   }
 }
 
+/** The session cookie: `__Host-` (Secure, Path=/, no Domain) over HTTPS; browsers refuse that prefix over HTTP. */
+export const SESSION_COOKIE_SECURE = '__Host-gatehouse_session'
+export const SESSION_COOKIE_PLAIN = 'gatehouse_session'
+
 const CHALLENGE = 'Bearer realm="gatehouse", ApiKey realm="gatehouse"'
+const UNSAFE_METHODS = new Set(['POST', 'PUT', 'PATCH', 'DELETE'])
 
 function unauthenticated (detail: string): AppError {
   return new AppError('unauthenticated', 401, detail, { headers: { 'WWW-Authenticate': CHALLENGE } })
 }
 
+interface Credential { secret: string, fromCookie: boolean }
+
 /**
  * Finds the credential, in the order a careful client would prefer: headers
- * first, the main API's `?API_KEY=` last. The query value is removed from
- * `request.query` so nothing downstream can echo it.
+ * first, the main API's `?API_KEY=` next, the browser's session cookie last.
+ * The query value is removed from `request.query` so nothing downstream can echo it.
  */
-function takeCredential (request: FastifyRequest, allowQuery: boolean): string | undefined {
+function takeCredential (request: FastifyRequest, allowQuery: boolean): Credential | undefined {
   const query = request.query as Record<string, unknown> | undefined
   const fromQuery = query?.API_KEY
   if (query !== undefined) delete query.API_KEY
   const authorization = request.headers.authorization
   if (authorization !== undefined) {
     const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization)
-    if (match === null) throw unauthenticated('The Authorization header must be "Bearer <API key>".')
-    return match[1]
+    if (match === null) throw unauthenticated('The Authorization header must be "Bearer <API key or session token>".')
+    return { secret: match[1]!, fromCookie: false }
   }
   const header = request.headers['x-api-key']
-  if (typeof header === 'string' && header !== '') return header
+  if (typeof header === 'string' && header !== '') return { secret: header, fromCookie: false }
   if (fromQuery !== undefined) {
     if (!allowQuery) throw unauthenticated('API keys in the URL are switched off here; send the key in the X-API-Key or Authorization header.')
     if (typeof fromQuery !== 'string' || fromQuery === '') throw unauthenticated('Give API_KEY once, with a value.')
-    return fromQuery
+    return { secret: fromQuery, fromCookie: false }
   }
+  const cookie = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+  if (cookie !== undefined && cookie !== '') return { secret: cookie, fromCookie: true }
   return undefined
 }
 
+/**
+ * Cross-site request forgery: a browser sends the session cookie with any
+ * request to us, so a write that rides on the cookie must come from our own
+ * origin (or one the operator trusts). Browsers send Origin on every
+ * non-GET request; Sec-Fetch-Site where Origin is absent.
+ */
+export function assertSameOrigin (request: FastifyRequest, trustedOrigins: readonly string[]): void {
+  const origin = request.headers.origin
+  const own = `${request.protocol}://${request.host}`
+  if (origin !== undefined) {
+    if (origin === own || trustedOrigins.includes(origin)) return
+  } else if (request.headers['sec-fetch-site'] === 'same-origin') {
+    return
+  }
+  throw new AppError('csrf_rejected', 403, 'A change made with the session cookie must come from this service\'s own pages (the Origin header did not match).')
+}
+
 export function requestContext (request: FastifyRequest): RequestContext {
+  const principal = request.principal
+  // Events name a signed-in user as the actor (not their session), and a key by its id.
   return {
-    actorType: request.principal?.type ?? 'system',
-    actorId: request.principal?.id ?? null,
+    actorType: principal === null ? 'system' : principal.type === 'session' ? 'user' : 'api_key',
+    actorId: principal === null ? null : principal.type === 'session' ? principal.userId : principal.id,
     requestId: request.id,
     clientIp: request.ip
   }
 }
 
-/** Authenticates every request to a route that declares a scope, before its body is even read. */
+/** The principal a secret stands for: session tokens carry their own prefix; everything else is tried as an API key. */
+async function authenticate (app: FastifyInstance, secret: string): Promise<Principal | undefined> {
+  return secret.startsWith(SESSION_TOKEN_PREFIX)
+    ? await authenticateSession({ db: app.db, config: app.config }, secret)
+    : await authenticateApiKey(app.db, secret)
+}
+
+/** Authenticates every request to a route that declares who may call it, before its body is even read. */
 export default fp(async function authPlugin (app: FastifyInstance) {
   app.decorateRequest('principal', null)
   app.addHook('onRequest', async (request) => {
-    const scope = request.routeOptions.config.scope
+    const { scope, self } = request.routeOptions.config
     if (scope === undefined) {
       // Public routes ignore credentials, but a query key must still not travel further.
       delete (request.query as Record<string, unknown> | undefined)?.API_KEY
       return
     }
     const credential = takeCredential(request, app.config.allowQueryApiKey)
-    if (credential === undefined) throw unauthenticated('This operation needs an API key: send it as "Authorization: Bearer <key>", in X-API-Key, or as ?API_KEY=.')
-    const principal = await authenticateApiKey(app.db, credential)
-    if (principal === undefined) throw unauthenticated('The API key is unknown, expired or revoked.')
-    request.principal = principal
-    if (!hasScope(principal, scope)) {
-      throw new AppError('forbidden', 403, `This operation needs the "${scope}" scope, which this credential does not have.`)
+    if (credential === undefined) {
+      throw unauthenticated('This operation needs a credential: an API key ("Authorization: Bearer <key>", X-API-Key or ?API_KEY=) or a signed-in session.')
     }
+    const principal = await authenticate(app, credential.secret)
+    if (principal === undefined) throw unauthenticated('The credential is unknown, expired, revoked or signed out.')
+    request.principal = principal
+    if (credential.fromCookie && UNSAFE_METHODS.has(request.method)) assertSameOrigin(request, app.config.trustedOrigins)
+    if (scope === 'signed_in' || hasScope(principal, scope)) return
+    const userId = (request.params as { user_id?: string } | undefined)?.user_id
+    if (self === true && principal.userId !== null && userId === principal.userId) return
+    throw new AppError('forbidden', 403, `This operation needs the "${scope}" scope, which this credential does not have.`)
   })
 }, { name: 'auth' })

@@ -6,13 +6,23 @@ export const ScopeSchema = Type.Enum(SCOPES, {
   description: '`admin` grants everything; the others grant one kind of access.'
 })
 
+/** The user a credential acts for, as /verify reports it. */
+export interface PrincipalUser {
+  id: string
+  username: string
+  role: 'admin' | 'user'
+  groups: string[]
+}
+
 /** Who is calling. Attached to every authenticated request and recorded as the actor of events. */
 export interface Principal {
-  type: 'api_key'
-  /** The key's id (never its secret). */
+  /** An API key, or a signed-in user's session. */
+  type: 'api_key' | 'session'
+  /** The key's or session's id (never its secret). */
   id: string
   /** The user the credential acts for, when it belongs to one. */
   userId: string | null
+  user: PrincipalUser | null
   /** What the credential may do now, after its owner's role is taken into account. */
   scopes: ReadonlySet<Scope>
 }

@@ -39,6 +39,21 @@ export interface UsersTable {
   updated_at: Timestamp
   last_login_at: NullableTimestamp
   password_changed_at: NullableTimestamp
+  /** Consecutive failed sign-ins; reset by a successful one. */
+  failed_logins: ColumnType<number, number | undefined, number>
+  locked_until: NullableTimestamp
+}
+
+export interface SessionsTable {
+  id: string
+  user_id: string
+  digest: string
+  created_at: Timestamp
+  last_seen_at: Timestamp
+  expires_at: Timestamp
+  ended_at: NullableTimestamp
+  client_ip: string | null
+  user_agent: string | null
 }
 
 export interface ApiKeysTable {
@@ -81,6 +96,7 @@ export interface Database {
   users: UsersTable
   api_keys: ApiKeysTable
   events: EventsTable
+  sessions: SessionsTable
   gatehouse_meta: MetaTable
 }
 

@@ -1,10 +1,12 @@
 import { Migrator, sql, type Migration } from 'kysely'
 import { isPostgres, type Db } from './database.ts'
 import * as m0001 from './migrations/0001_init.ts'
+import * as m0002 from './migrations/0002_sessions.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
-  '0001_init': m0001
+  '0001_init': m0001,
+  '0002_sessions': m0002
 }
 
 /**

@@ -3,7 +3,8 @@ import { Nullable } from '../lib/openapi.ts'
 
 export const EVENT_TYPES = [
   'user.created', 'user.updated', 'user.deleted',
-  'api_key.created', 'api_key.revoked', 'api_key.rotated'
+  'api_key.created', 'api_key.revoked', 'api_key.rotated',
+  'user.login_succeeded', 'user.login_failed', 'user.locked', 'user.password_changed', 'session.ended'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]
 

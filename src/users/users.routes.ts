@@ -82,11 +82,12 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       schema: {
         ...common,
         operationId: family.operationId('get_user_users__user_id__get'),
+        description: 'Admins and `users:read` credentials read anyone; a signed-in user may read their own record.',
         summary: 'Get User',
         params: UserIdParams,
         response: { 200: { ...UserRef, description: 'The user; `ETag` versions it.' }, ...problems(401, 403, 404, 422, 503) }
       },
-      config: { scope: 'users:read', legacy: family.legacy }
+      config: { scope: 'users:read', self: true, legacy: family.legacy }
     }, async (request, reply) => {
       const { user, version } = await getUser(deps, request.params.user_id)
       return await reply.header('ETag', etagOf(version)).send(user)
@@ -98,14 +99,15 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         operationId: family.operationId('update_user_users__user_id__patch'),
         summary: 'Update User',
         description: 'A JSON merge patch (RFC 7396). Send `If-Match` with the ETag you read to refuse lost updates (412). ' +
-          'Disabling a user revokes their API keys. The last enabled admin cannot be disabled or demoted (409 `last_admin`).',
+          'A signed-in user may change their own email, first_name and last_name; everything else is for admins. ' +
+          'Disabling a user, or setting their password, ends their sessions and revokes their API keys. The last enabled admin cannot be disabled or demoted (409 `last_admin`).',
         consumes: PATCH_TYPES,
         params: UserIdParams,
         headers: IfMatchHeaders,
         body: ref(UserPatch),
         response: { 200: { ...UserRef, description: 'The updated user; `ETag` versions it.' }, ...problems(401, 403, 404, 409, 412, 413, 415, 422, 503) }
       },
-      config: { scope: 'users:write', legacy: family.legacy, accepts: PATCH_TYPES }
+      config: { scope: 'users:write', self: true, legacy: family.legacy, accepts: PATCH_TYPES }
     }, async (request, reply) => {
       const { user, version } = await updateUserById(deps, request.principal!, requestContext(request), request.params.user_id, request.body, request.headers['if-match'])
       return await reply.header('ETag', etagOf(version)).send(user)

@@ -5,7 +5,9 @@ import { recordEvent, REDACTED } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import type { PasswordHasher } from '../lib/passwords.ts'
+import { checkPasswordPolicy, type PasswordPolicy } from '../lib/password-policy.ts'
 import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
+import { endSessionsRecorded } from '../sessions/sessions.service.ts'
 import {
   deleteUser,
   findPublicUserById,
@@ -23,7 +25,7 @@ import type { Sort, User, UserCreate, UserPatch } from './users.schemas.ts'
 export interface UsersDeps {
   db: Db
   passwords: PasswordHasher
-  passwordPolicy: { minLength: number, maxLength: number }
+  passwordPolicy: PasswordPolicy
 }
 
 /** A user plus the version its ETag is made from. */
@@ -64,19 +66,19 @@ function userNotFound (id: string): AppError {
   return new AppError('user_not_found', 404, `No user has the id ${id}.`)
 }
 
-/** Length and context rules of docs/security.md (common-password screening comes with sign-in). */
-export function checkPasswordPolicy (password: string, username: string, policy: UsersDeps['passwordPolicy']): void {
-  const length = [...password].length
-  const at = [{ in: 'body', pointer: '/password', detail: '' }]
-  if (length < policy.minLength) {
-    throw new AppError('password_too_short', 422, `The password must have at least ${policy.minLength} characters.`, { errors: [{ ...at[0]!, detail: `is shorter than ${policy.minLength} characters` }] })
+/** What signed-in users may change about themselves; the rest (role, groups, disabled, username, password) is an admin's. */
+const SELF_EDITABLE = new Set(['email', 'first_name', 'last_name'])
+
+/** A non-admin editing their own profile: only the self-editable fields, and the row stays as it is otherwise. */
+function assertSelfEdit (principal: Principal, targetId: string, patch: UserPatch): boolean {
+  if (isAdmin(principal) || principal.userId !== targetId || principal.scopes.has('users:write')) return false
+  const denied = Object.keys(patch).filter(field => !SELF_EDITABLE.has(field))
+  if (denied.length > 0) {
+    throw new AppError('forbidden', 403, `You may change your own ${[...SELF_EDITABLE].join(', ')}; ${denied.join(', ')} ${denied.length === 1 ? 'is' : 'are'} for an admin (your password: PUT /api/me/password).`, {
+      errors: denied.map(field => ({ in: 'body', pointer: `/${field}`, detail: 'only an admin may change this' }))
+    })
   }
-  if (length > policy.maxLength) {
-    throw new AppError('password_too_long', 422, `The password must have at most ${policy.maxLength} characters.`, { errors: [{ ...at[0]!, detail: `is longer than ${policy.maxLength} characters` }] })
-  }
-  if (password.toLowerCase().includes(username.toLowerCase())) {
-    throw new AppError('password_contains_username', 422, 'The password must not contain the username.', { errors: [{ ...at[0]!, detail: 'contains the username' }] })
-  }
+  return true
 }
 
 /** Only admins grant or hold admin powers: a `users:write` credential cannot create, edit or remove an admin. */
@@ -163,7 +165,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
   // hashed before the transaction: a 9 ms hash must not hold a write lock.
   const before = await findUserById(deps.db, id)
   if (before === undefined) throw userNotFound(id)
-  assertMayManage(principal, before, patch.role)
+  if (!assertSelfEdit(principal, id, patch)) assertMayManage(principal, before, patch.role)
   assertIfMatch(ifMatch, before.version)
   const passwordHash = patch.password !== undefined
     ? await hashChecked(deps, patch.password, patch.username ?? before.username)
@@ -215,7 +217,14 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     const updated = await updateUser(trx, id, current.version, changes)
     if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
     await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff })
-    if (patch.disabled === true && !old.disabled) await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
+    if (patch.disabled === true && !old.disabled) {
+      await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
+      await endSessionsRecorded(trx, ctx, id, 'user_disabled')
+    } else if (passwordHash !== undefined) {
+      // Whoever knew the old password may hold a session or key made with it.
+      await revokeKeysRecorded(trx, ctx, id, 'password_changed')
+      await endSessionsRecorded(trx, ctx, id, 'password_changed')
+    }
     return { user: toUser(updated), version: updated.version }
   })
 }
@@ -230,6 +239,7 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
     if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
     // The rows go with the user (foreign-key cascade); the record of their revocation stays.
     await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
+    await endSessionsRecorded(trx, ctx, id, 'user_deleted')
     await deleteUser(trx, id)
     await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
   })
@@ -241,7 +251,7 @@ function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void
   }
 }
 
-async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted'): Promise<void> {
+async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted' | 'password_changed'): Promise<void> {
   for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
     await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
   }

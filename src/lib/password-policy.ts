@@ -1,0 +1,36 @@
+import { dictionary } from '@zxcvbn-ts/language-common'
+import { AppError } from '../errors.ts'
+
+export interface PasswordPolicy { minLength: number, maxLength: number }
+
+/**
+ * The bundled list of common passwords (zxcvbn-ts, about 49,000 entries, some
+ * 18,000 of them 8 characters or longer), compared ignoring case. Loaded once,
+ * offline: no password ever leaves the process.
+ */
+const COMMON = new Set((dictionary['passwords-common'] as string[]).map(p => p.toLowerCase()))
+
+function violation (code: 'password_too_short' | 'password_too_long' | 'password_contains_username' | 'password_too_common', detail: string, field: string, why: string): AppError {
+  return new AppError(code, 422, detail, { errors: [{ in: 'body', pointer: field, detail: why }] })
+}
+
+/**
+ * OWASP ASVS 5.0 §6.2: a length range, no composition rules, no common
+ * passwords, and no password containing the username. The password is taken
+ * exactly as given (no trimming or normalization).
+ */
+export function checkPasswordPolicy (password: string, username: string, policy: PasswordPolicy, field = '/password'): void {
+  const length = [...password].length
+  if (length < policy.minLength) {
+    throw violation('password_too_short', `The password must have at least ${policy.minLength} characters.`, field, `is shorter than ${policy.minLength} characters`)
+  }
+  if (length > policy.maxLength) {
+    throw violation('password_too_long', `The password must have at most ${policy.maxLength} characters.`, field, `is longer than ${policy.maxLength} characters`)
+  }
+  if (password.toLowerCase().includes(username.toLowerCase())) {
+    throw violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
+  }
+  if (COMMON.has(password.toLowerCase())) {
+    throw violation('password_too_common', 'That password is on a list of commonly used passwords; choose another.', field, 'is a commonly used password')
+  }
+}

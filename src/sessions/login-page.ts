@@ -1,0 +1,120 @@
+import { createHash } from 'node:crypto'
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyTypeBox } from '../app.ts'
+import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { AppError } from '../errors.ts'
+import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
+import { clearSessionCookie, sessionContext, setSessionCookie } from './sessions.routes.ts'
+
+const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
+main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(22rem,90vw)}
+h1{font-size:1.4rem;margin:0 0 1rem}label{display:block;margin:.8rem 0 .2rem;font-weight:600}
+input{width:100%;box-sizing:border-box;padding:.55rem;border:1px solid #8a8f98;border-radius:4px;font:inherit}
+input:focus,button:focus{outline:3px solid #2f6fde;outline-offset:1px}
+button{margin-top:1.2rem;width:100%;padding:.6rem;border:0;border-radius:4px;background:#1f5fcf;color:#fff;font:inherit;font-weight:600;cursor:pointer}
+.error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}`
+
+const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
+/** Nothing but this page's own style and a form posting back here. */
+const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
+
+function escapeHtml (text: string): string {
+  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
+}
+
+/**
+ * Where to send the browser after sign-in: a path on this origin only. Anything
+ * else (another host, `//host`, `/\host`, a scheme, control characters) falls
+ * back to `/`, so the page can never be used as an open redirect.
+ */
+export function safeNext (next: unknown): string {
+  if (typeof next !== 'string' || next.length > 2048) return '/'
+  if (!/^\/(?![/\\])/.test(next) || /[\p{Cc}\\]/u.test(next)) return '/'
+  return next
+}
+
+function page (basePath: string, options: { next: string, username?: string, error?: string }): string {
+  const error = options.error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(options.error)}</p>` : ''
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Sign in</title>
+<style>${STYLE}</style>
+</head>
+<body>
+<main>
+<h1>Sign in</h1>
+${error}
+<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
+<input type="hidden" name="next" value="${escapeHtml(options.next)}">
+<label for="username">Username or email</label>
+<input id="username" name="username" autocomplete="username" required autofocus value="${escapeHtml(options.username ?? '')}">
+<label for="password">Password</label>
+<input id="password" name="password" type="password" autocomplete="current-password" required>
+<button type="submit">Sign in</button>
+</form>
+</main>
+</body>
+</html>
+`
+}
+
+function sendPage (reply: FastifyReply, status: number, html: string): FastifyReply {
+  return reply.code(status)
+    .header('Content-Security-Policy', CSP)
+    .header('X-Frame-Options', 'DENY')
+    .type('text/html; charset=utf-8')
+    .send(html)
+}
+
+function field (body: unknown, name: string): string {
+  const value = (body as Record<string, unknown> | null)?.[name]
+  return typeof value === 'string' ? value : ''
+}
+
+/** `GET/POST ${basePath}/login` and `POST ${basePath}/logout`: the browser's way in and out. */
+export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps, maxAgeS: number): void {
+  const basePath = app.config.basePath
+  const hide = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
+
+  app.get('/login', { schema: { hide: true } }, async (request, reply) => {
+    return sendPage(reply, 200, page(basePath, { next: safeNext((request.query as Record<string, unknown>).next) }))
+  })
+
+  app.post('/login', hide, async (request: FastifyRequest, reply) => {
+    assertSameOrigin(request, app.config.trustedOrigins)
+    const next = safeNext(field(request.body, 'next'))
+    const username = field(request.body, 'username')
+    const password = field(request.body, 'password')
+    try {
+      if (username === '' || password === '' || username.length > 254 || password.length > 1024) {
+        throw new AppError('invalid_credentials', 401, 'missing or oversized fields')
+      }
+      const result = await signIn(deps, sessionContext(request), username, password)
+      setSessionCookie(request, reply, result.token, maxAgeS)
+      return await reply.code(303).header('Location', next).send()
+    } catch (error) {
+      if (!(error instanceof AppError)) throw error
+      if (error.code === 'rate_limited') {
+        for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+        return sendPage(reply, 429, page(basePath, { next, username, error: 'Too many failed sign-ins. Wait a few minutes, then try again.' }))
+      }
+      if (error.code !== 'invalid_credentials') throw error
+      return sendPage(reply, 401, page(basePath, { next, username, error: 'Sign-in failed. Check your username and password.' }))
+    }
+  })
+
+  app.post('/logout', hide, async (request, reply) => {
+    assertSameOrigin(request, app.config.trustedOrigins)
+    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const principal = token !== undefined ? await authenticateSession(deps, token) : undefined
+    if (principal !== undefined) {
+      request.principal = principal
+      await signOut(app.db, { ...sessionContext(request), actorType: 'user', actorId: principal.userId }, principal)
+    }
+    clearSessionCookie(reply)
+    return await reply.code(303).header('Location', `${basePath}/login`).send()
+  })
+}

@@ -1,0 +1,128 @@
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyTypeBox } from '../app.ts'
+import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { coerceFormFields } from '../lib/forms.ts'
+import { problems, ref, SECURITY } from '../lib/openapi.ts'
+import { AppError } from '../errors.ts'
+import { User } from '../users/users.schemas.ts'
+import { getUser } from '../users/users.service.ts'
+import { LoginBody, PasswordChange, Session } from './sessions.schemas.ts'
+import { changeOwnPassword, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
+import { registerLoginPage } from './login-page.ts'
+
+/** Sets the session cookie: `__Host-` and Secure over HTTPS, HttpOnly and SameSite=Lax always. */
+export function setSessionCookie (request: FastifyRequest, reply: FastifyReply, token: string, maxAgeS: number): void {
+  const secure = request.protocol === 'https'
+  reply.setCookie(secure ? SESSION_COOKIE_SECURE : SESSION_COOKIE_PLAIN, token, { path: '/', httpOnly: true, sameSite: 'lax', secure, maxAge: maxAgeS })
+}
+
+export function clearSessionCookie (reply: FastifyReply): void {
+  reply.clearCookie(SESSION_COOKIE_SECURE, { path: '/', httpOnly: true, sameSite: 'lax', secure: true })
+  reply.clearCookie(SESSION_COOKIE_PLAIN, { path: '/', httpOnly: true, sameSite: 'lax' })
+}
+
+export function sessionContext (request: FastifyRequest): ReturnType<typeof requestContext> & { userAgent: string | null } {
+  return { ...requestContext(request), userAgent: request.headers['user-agent'] ?? null }
+}
+
+export default async function sessionsRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
+  const maxAgeS = Math.floor(app.config.sessionAbsoluteTimeoutMs / 1000)
+  const FORM_TYPES = ['application/json', 'application/x-www-form-urlencoded']
+
+  app.post('/api/login', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'login',
+      summary: 'Sign In',
+      description: 'Starts a session. API clients use the returned token as a bearer token; browsers get it as an HttpOnly cookie. ' +
+        'Every failure (unknown user, wrong password, disabled or locked account) is the same 401 `invalid_credentials`. ' +
+        'Too many failures for one account from one address, or from one address overall, answer 429 with Retry-After.',
+      consumes: FORM_TYPES,
+      body: ref(LoginBody),
+      response: { 200: { ...ref(Session), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+    },
+    config: { accepts: FORM_TYPES },
+    preValidation: coerceFormFields(LoginBody)
+  }, async (request, reply) => {
+    // A sign-in from another site's form would sign the browser into an account of the attacker's choosing.
+    if (request.headers.origin !== undefined) assertSameOrigin(request, app.config.trustedOrigins)
+    const result = await signIn(deps, sessionContext(request), request.body.username, request.body.password)
+    setSessionCookie(request, reply, result.token, maxAgeS)
+    return { token: result.token, token_type: 'Bearer' as const, session_id: result.sessionId, expires_at: result.expiresAt, user: result.user }
+  })
+
+  app.post('/api/logout', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'logout',
+      summary: 'Sign Out',
+      description: 'Ends the current session on the server; its token and cookie stop working at once.',
+      security: SECURITY,
+      response: { 204: { type: 'null', description: 'Signed out.' }, ...problems(401, 403, 503) }
+    },
+    config: { scope: 'signed_in' }
+  }, async (request, reply) => {
+    await signOut(app.db, requestContext(request), request.principal!)
+    clearSessionCookie(reply)
+    return await reply.code(204).send(null)
+  })
+
+  app.get('/api/me', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'get_me',
+      summary: 'Who Am I',
+      security: SECURITY,
+      response: { 200: { ...ref(User), description: 'The signed-in user.' }, ...problems(401, 403, 503) }
+    },
+    config: { scope: 'signed_in' }
+  }, async (request) => {
+    if (request.principal!.userId === null) {
+      throw new AppError('forbidden', 403, 'This credential is a deployment API key; it belongs to no user.')
+    }
+    return (await getUser({ db: app.db, passwords: app.passwords, passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength } }, request.principal!.userId)).user
+  })
+
+  app.put('/api/me/password', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'change_my_password',
+      summary: 'Change My Password',
+      description: 'Needs the current password. Ends your other sessions and revokes your API keys.',
+      security: SECURITY,
+      body: ref(PasswordChange),
+      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(401, 403, 415, 422, 503) }
+    },
+    config: { scope: 'signed_in', accepts: ['application/json'] }
+  }, async (request, reply) => {
+    await changeOwnPassword(deps, request.principal!, requestContext(request), request.body.current_password, request.body.new_password)
+    return await reply.code(204).send(null)
+  })
+
+  app.get('/api/verify', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'verify',
+      summary: 'Verify (for a reverse proxy)',
+      description: 'For nginx `auth_request` or Traefik ForwardAuth: 200 with X-Auth-User-Id, X-Auth-Username, X-Auth-Role and X-Auth-Groups ' +
+        'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here.',
+      security: SECURITY,
+      response: { 200: { type: 'null', description: 'The credential is valid; identity in the X-Auth-* headers.' }, ...problems(401, 503) }
+    },
+    config: { scope: 'signed_in' },
+    // The proxy logs the request it guards; one more line per page view here would be noise.
+    logLevel: 'warn'
+  }, async (request, reply) => {
+    const principal = request.principal!
+    const user = principal.user
+    return await reply
+      .header('X-Auth-User-Id', user?.id ?? '')
+      .header('X-Auth-Username', user?.username ?? '')
+      .header('X-Auth-Role', user?.role ?? (principal.scopes.has('admin') ? 'admin' : ''))
+      .header('X-Auth-Groups', user?.groups.join(',') ?? '')
+      .header('X-Auth-Credential', principal.type)
+      .code(200).send(null)
+  })
+
+  registerLoginPage(app, deps, maxAgeS)
+}

@@ -1,0 +1,259 @@
+import assert from 'node:assert/strict'
+import { describe, it } from 'node:test'
+import { hash } from '@node-rs/argon2'
+import type { LightMyRequestResponse } from 'fastify'
+import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+
+const ORIGIN = 'http://localhost:80'
+
+async function createUser (t: TestApp, fields: Record<string, unknown> = {}): Promise<{ id: string, username: string }> {
+  const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD, ...fields } })
+  assert.equal(res.statusCode, 201, res.body)
+  return res.json()
+}
+
+async function login (t: TestApp, username: string, password = GOOD_PASSWORD, headers: Record<string, string> = {}): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ method: 'POST', url: '/auth/api/login', headers, payload: { username, password } })
+}
+
+function sessionCookie (res: LightMyRequestResponse): string {
+  const cookie = res.cookies.find(c => c.name === 'gatehouse_session' || c.name === '__Host-gatehouse_session')
+  assert.ok(cookie, 'a session cookie is set')
+  return `${cookie.name}=${cookie.value}`
+}
+
+/** What a failed sign-in shows a caller, minus what differs per request anyway. */
+function failureShape (res: LightMyRequestResponse): unknown {
+  const { request_id: _r, ...body } = res.json()
+  const headers = Object.keys(res.headers).filter(h => !['x-request-id', 'date', 'content-length'].includes(h)).sort()
+  return { status: res.statusCode, body, headers: headers.map(h => [h, h === 'x-request-id' ? '' : res.headers[h]]) }
+}
+
+for (const dialect of dialects()) {
+  describe(`sign-in and sessions (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { accountLockThreshold: 3 })
+
+    it('signs in by username or email, returning a token and setting an HttpOnly SameSite=Lax cookie', async () => {
+      const email = `${uniqueName()}@example.com`
+      const user = await createUser(t, { email })
+      for (const identifier of [user.username, user.username.toUpperCase(), email.toUpperCase()]) {
+        const res = await login(t, identifier)
+        assert.equal(res.statusCode, 200, res.body)
+        const body = res.json()
+        assert.match(body.token, /^gatehouse_session_[0-9A-Za-z]{43}$/)
+        assert.equal(body.token_type, 'Bearer')
+        assert.equal(body.user.id, user.id)
+        assert.ok(body.user.last_login_at)
+        const cookie = res.cookies.find(c => c.name === 'gatehouse_session')!
+        assert.equal(cookie.value, body.token)
+        assert.equal(cookie.httpOnly, true)
+        assert.equal(cookie.sameSite, 'Lax')
+        assert.equal(cookie.path, '/')
+        assert.equal(cookie.secure, undefined, 'no Secure flag over plain HTTP')
+      }
+      const rows = await t.app.db.selectFrom('sessions').selectAll().where('user_id', '=', user.id).execute()
+      assert.equal(rows.length, 3)
+      assert.equal(new Set(rows.map(r => r.digest)).size, 3, 'a new token at every sign-in')
+    })
+
+    it('accepts a form-encoded sign-in', async () => {
+      const user = await createUser(t)
+      const res = await t.app.inject({
+        method: 'POST',
+        url: '/auth/api/login',
+        headers: { 'content-type': 'application/x-www-form-urlencoded' },
+        payload: new URLSearchParams({ username: user.username, password: GOOD_PASSWORD }).toString()
+      })
+      assert.equal(res.statusCode, 200, res.body)
+    })
+
+    it('reads the signed-in user from GET /api/me with the token or the cookie', async () => {
+      const user = await createUser(t)
+      const res = await login(t, user.username)
+      const byToken = await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${res.json().token}` } })
+      assert.equal(byToken.statusCode, 200)
+      assert.equal(byToken.json().id, user.id)
+      const byCookie = await t.app.inject({ url: '/auth/api/me', headers: { cookie: sessionCookie(res) } })
+      assert.equal(byCookie.json().id, user.id)
+      const byDeploymentKey = await t.app.inject({ url: '/auth/api/me', headers: auth(t.adminKey) })
+      assert.equal(byDeploymentKey.statusCode, 403)
+    })
+
+    it('answers unknown user, wrong password, disabled and locked accounts identically', async () => {
+      const disabled = await createUser(t, { disabled: true })
+      const locked = await createUser(t)
+      for (let i = 0; i < 3; i++) await login(t, locked.username, 'not the password at all')
+      const wrong = await createUser(t)
+      const shapes = [
+        failureShape(await login(t, 'nobody_' + uniqueName())),
+        failureShape(await login(t, wrong.username, 'not the password at all')),
+        failureShape(await login(t, disabled.username)),
+        failureShape(await login(t, locked.username))
+      ]
+      for (const shape of shapes.slice(1)) assert.deepEqual(shape, shapes[0])
+      assert.equal((shapes[0] as { status: number }).status, 401)
+      assert.equal((shapes[0] as { body: { code: string } }).body.code, 'invalid_credentials')
+    })
+
+    it('locks an account after repeated failures, records why in events, and unlocks on time', async () => {
+      const user = await createUser(t)
+      for (let i = 0; i < 3; i++) assert.equal((await login(t, user.username, 'not the password at all')).statusCode, 401)
+      assert.equal((await login(t, user.username)).statusCode, 401, 'a locked account refuses even the right password')
+      const events = (await t.app.inject({ url: `/auth/api/events?target_id=${user.id}`, headers: auth(t.adminKey) })).json()
+      const types = events.map((e: { type: string, data: { reason?: string } }) => `${e.type}${e.data.reason !== undefined ? ':' + e.data.reason : ''}`)
+      assert.deepEqual(types.slice(0, 5), ['user.login_failed:locked', 'user.login_failed:wrong_password', 'user.locked', 'user.login_failed:wrong_password', 'user.login_failed:wrong_password'])
+      assert.ok(!JSON.stringify(events).includes('not the password at all'))
+      await t.app.db.updateTable('users').set({ locked_until: new Date(Date.now() - 1000).toISOString() }).where('id', '=', user.id).execute()
+      assert.equal((await login(t, user.username)).statusCode, 200)
+    })
+
+    it('signs out: the token and the cookie stop working at once', async () => {
+      const user = await createUser(t)
+      const res = await login(t, user.username)
+      const token = res.json().token
+      const out = await t.app.inject({ method: 'POST', url: '/auth/api/logout', headers: { authorization: `Bearer ${token}` } })
+      assert.equal(out.statusCode, 204)
+      assert.ok(out.cookies.some(c => c.name === 'gatehouse_session' && c.value === ''), 'the cookie is cleared')
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${token}` } })).statusCode, 401)
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { cookie: sessionCookie(res) } })).statusCode, 401)
+    })
+
+    it('ends sessions after the idle and the absolute time-out', async () => {
+      const user = await createUser(t)
+      const idle = (await login(t, user.username)).json()
+      const absolute = (await login(t, user.username)).json()
+      await t.app.db.updateTable('sessions').set({ last_seen_at: new Date(Date.now() - t.config.sessionIdleTimeoutMs - 1000).toISOString() }).where('id', '=', idle.session_id).execute()
+      await t.app.db.updateTable('sessions').set({ expires_at: new Date(Date.now() - 1000).toISOString() }).where('id', '=', absolute.session_id).execute()
+      for (const token of [idle.token, absolute.token]) {
+        assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${token}` } })).statusCode, 401)
+      }
+    })
+
+    it('lets a signed-in user read and edit only their own profile fields', async () => {
+      const me = await createUser(t, { email: `${uniqueName()}@example.com` })
+      const other = await createUser(t)
+      const token = (await login(t, me.username)).json().token
+      const bearer = { authorization: `Bearer ${token}` }
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${me.id}`, headers: bearer })).statusCode, 200)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${other.id}`, headers: bearer })).statusCode, 403)
+      assert.equal((await t.app.inject({ url: '/auth/api/users', headers: bearer })).statusCode, 403)
+      assert.equal((await t.app.inject({ url: '/auth/api/events', headers: bearer })).statusCode, 403)
+      const own = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${me.id}`, headers: bearer, payload: { first_name: 'Me', email: null } })
+      assert.equal(own.statusCode, 200, own.body)
+      const before = (await t.app.inject({ url: `/auth/api/users/${me.id}`, headers: auth(t.adminKey) })).json()
+      for (const payload of [{ role: 'admin' }, { groups: ['ops'] }, { disabled: true }, { username: uniqueName() }, { password: 'another long passphrase' }]) {
+        const res = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${me.id}`, headers: bearer, payload })
+        assert.equal(res.statusCode, 403, JSON.stringify(payload))
+      }
+      assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${other.id}`, headers: bearer, payload: { first_name: 'X' } })).statusCode, 403)
+      assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${me.id}`, headers: bearer })).statusCode, 403)
+      const after = (await t.app.inject({ url: `/auth/api/users/${me.id}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual(after, before, 'refused changes leave the row as it was')
+    })
+
+    it('lets an admin do through a session what an admin key can', async () => {
+      const admin = await createUser(t, { role: 'admin' })
+      const token = (await login(t, admin.username)).json().token
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { authorization: `Bearer ${token}` }, payload: { username: uniqueName() } })
+      assert.equal(created.statusCode, 201)
+      const events = (await t.app.inject({ url: `/auth/api/events?target_id=${created.json().id}`, headers: { authorization: `Bearer ${token}` } })).json()
+      assert.deepEqual(events[0].actor, { type: 'user', id: admin.id })
+    })
+
+    it('refuses cookie-authenticated writes from another origin (CSRF), but not bearer-authenticated ones', async () => {
+      const me = await createUser(t)
+      const res = await login(t, me.username)
+      const cookie = sessionCookie(res)
+      const patch = async (headers: Record<string, string>) =>
+        await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${me.id}`, headers, payload: { first_name: 'Csrf' } })
+      const noOrigin = await patch({ cookie })
+      assert.equal(noOrigin.statusCode, 403)
+      assert.equal(noOrigin.json().code, 'csrf_rejected')
+      assert.equal((await patch({ cookie, origin: 'https://evil.example' })).statusCode, 403)
+      assert.equal((await patch({ cookie, origin: ORIGIN })).statusCode, 200)
+      assert.equal((await patch({ cookie, 'sec-fetch-site': 'same-origin' })).statusCode, 200)
+      assert.equal((await patch({ authorization: `Bearer ${res.json().token}` })).statusCode, 200)
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { cookie, origin: 'https://evil.example' } })).statusCode, 200, 'reads are not writes')
+      const crossSiteLogin = await login(t, me.username, GOOD_PASSWORD, { origin: 'https://evil.example' })
+      assert.equal(crossSiteLogin.statusCode, 403, 'no login CSRF')
+    })
+
+    it('changes the own password with the current one, ending other sessions and revoking the user\'s keys', async () => {
+      const me = await createUser(t, { role: 'admin' })
+      const current = (await login(t, me.username)).json().token
+      const other = (await login(t, me.username)).json().token
+      const key = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: { authorization: `Bearer ${current}` }, payload: { name: 'mine' } })).json()
+      assert.equal(key.user_id, me.id)
+      const put = async (payload: object) => await t.app.inject({ method: 'PUT', url: '/auth/api/me/password', headers: { authorization: `Bearer ${current}` }, payload })
+      const wrong = await put({ current_password: 'not the password at all', new_password: 'a brand new passphrase' })
+      assert.equal(wrong.statusCode, 401)
+      assert.equal((await put({ current_password: GOOD_PASSWORD, new_password: 'password123' })).json().code, 'password_too_common')
+      assert.equal((await put({ current_password: GOOD_PASSWORD, new_password: 'a brand new passphrase' })).statusCode, 204)
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${current}` } })).statusCode, 200, 'this session goes on')
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${other}` } })).statusCode, 401, 'other sessions end')
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(key.key) })).statusCode, 401, 'the user\'s keys are revoked')
+      assert.equal((await login(t, me.username)).statusCode, 401)
+      assert.equal((await login(t, me.username, 'a brand new passphrase')).statusCode, 200)
+      const events = (await t.app.inject({ url: `/auth/api/events?type=user.password_changed&target_id=${me.id}`, headers: auth(t.adminKey) })).json()
+      assert.equal(events.length, 1)
+      assert.ok(!JSON.stringify(events).includes('a brand new passphrase'))
+    })
+
+    it('ends a user\'s sessions when an admin disables them or sets their password', async () => {
+      const user = await createUser(t)
+      const first = (await login(t, user.username)).json().token
+      await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { password: 'set by an admin here' } })
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${first}` } })).statusCode, 401)
+      const second = (await login(t, user.username, 'set by an admin here')).json().token
+      await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { disabled: true } })
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${second}` } })).statusCode, 401)
+      const ended = (await t.app.inject({ url: '/auth/api/events?type=session.ended', headers: auth(t.adminKey) })).json()
+      assert.ok(ended.some((e: { data: { reason: string, user_id: string } }) => e.data.user_id === user.id && e.data.reason === 'user_disabled'))
+    })
+
+    it('rejects common passwords and passwords containing the username with their codes', async () => {
+      for (const [password, code] of [['password123', 'password_too_common'], ['qwertyuiop', 'password_too_common'], ['Iloveyou1', 'password_too_common']]) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password } })
+        assert.equal(res.json().code, code, password)
+      }
+    })
+
+    it('answers /api/verify with identity headers for a valid session or key, 401 otherwise', async () => {
+      const user = await createUser(t, { groups: ['etl', 'ops'] })
+      const res = await login(t, user.username)
+      const ok = await t.app.inject({ url: '/auth/api/verify', headers: { cookie: sessionCookie(res) } })
+      assert.equal(ok.statusCode, 200)
+      assert.equal(ok.headers['x-auth-user-id'], user.id)
+      assert.equal(ok.headers['x-auth-username'], user.username)
+      assert.equal(ok.headers['x-auth-role'], 'user')
+      assert.equal(ok.headers['x-auth-groups'], 'etl,ops')
+      const byKey = await t.app.inject({ url: '/auth/api/verify', headers: auth(t.adminKey) })
+      assert.equal(byKey.statusCode, 200)
+      assert.equal(byKey.headers['x-auth-role'], 'admin')
+      assert.equal((await t.app.inject({ url: '/auth/api/verify' })).statusCode, 401)
+      assert.equal((await t.app.inject({ url: '/auth/api/verify', headers: { cookie: 'gatehouse_session=gatehouse_session_' + 'x'.repeat(43) } })).statusCode, 401)
+    })
+  })
+}
+
+for (const dialect of dialects()) {
+  describe(`hash upgrade at sign-in (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { argon2TimeCost: 3 })
+
+    it('replaces a hash made with weaker parameters at the next successful sign-in', async () => {
+      const user = await createUser(t)
+      // The ASVS floor (t=2), as a deployment that has since raised its time cost would have stored it.
+      const weaker = await hash(GOOD_PASSWORD, { algorithm: 2, memoryCost: 19456, timeCost: 2, parallelism: 1 })
+      await t.app.db.updateTable('users').set({ password_hash: weaker }).where('id', '=', user.id).execute()
+      assert.equal((await login(t, user.username, 'not the password at all')).statusCode, 401)
+      const unchanged = await t.app.db.selectFrom('users').select('password_hash').where('id', '=', user.id).executeTakeFirstOrThrow()
+      assert.equal(unchanged.password_hash, weaker, 'a failed sign-in changes nothing')
+      assert.equal((await login(t, user.username)).statusCode, 200)
+      const row = await t.app.db.selectFrom('users').select('password_hash').where('id', '=', user.id).executeTakeFirstOrThrow()
+      assert.match(row.password_hash!, /^\$argon2id\$v=19\$m=19456,t=3,p=1\$/)
+      assert.equal((await login(t, user.username)).statusCode, 200, 'the new hash verifies')
+      const events = (await t.app.inject({ url: `/auth/api/events?type=user.login_succeeded&target_id=${user.id}`, headers: auth(t.adminKey) })).json()
+      assert.equal(events.at(-1).data.password_rehashed, true)
+    })
+  })
+}
