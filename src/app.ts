@@ -35,6 +35,8 @@ import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.
 import sessionsRoutes from './sessions/sessions.routes.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { randomSecret } from './lib/secrets.ts'
+import rateLimitPlugin from './system/rate-limit.plugin.ts'
+import { Redis } from 'ioredis'
 
 export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
 
@@ -132,8 +134,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('config', config)
   app.decorate('db', db)
   app.decorate('passwords', passwords)
-  const failures = config.redisUrl !== undefined ? redisFailureCounter(config.redisUrl) : memoryFailureCounter()
-  app.addHook('onClose', async () => { await failures.close() })
+  const redis = config.redisUrl !== undefined ? new Redis(config.redisUrl, { maxRetriesPerRequest: 2 }) : undefined
+  // Connection errors surface on the commands that need the connection; the event must still be handled.
+  redis?.on('error', () => {})
+  const failures = redis !== undefined ? redisFailureCounter(redis) : memoryFailureCounter()
+  app.addHook('onClose', async () => {
+    await failures.close()
+    await redis?.quit()
+  })
   // Verified against when a sign-in has no real hash to check, so every failure costs one argon2 verification.
   const dummyHash = await passwords.hash(randomSecret('dummy_'))
 
@@ -141,6 +149,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   for (const schema of SHARED_SCHEMAS) app.addSchema(schema)
 
   await app.register(cookie)
+  await app.register(rateLimitPlugin, { redis })
   await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
   await app.register(multipart, {
     attachFieldsToBody: 'keyValues',

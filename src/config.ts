@@ -56,6 +56,10 @@ export interface Config {
   redisUrl: string | undefined
   /** Origins besides the service's own from which cookie-authenticated writes are accepted (CSRF). */
   trustedOrigins: string[]
+  /** Requests a minute per credential (API key or session); 0 switches the general limit off. */
+  rateLimitPerCredential: number
+  /** Requests a minute per client address for requests without a credential. */
+  rateLimitPerAddress: number
 }
 
 export class ConfigError extends Error {}
@@ -94,7 +98,9 @@ const DEFAULTS: Config = {
   accountLockThreshold: 50,
   accountLockMs: 15 * 60_000,
   redisUrl: undefined,
-  trustedOrigins: []
+  trustedOrigins: [],
+  rateLimitPerCredential: 60_000,
+  rateLimitPerAddress: 6_000
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
@@ -163,6 +169,8 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.accountLockThreshold = int('ACCOUNT_LOCK_THRESHOLD', c.accountLockThreshold)
   c.accountLockMs = int('ACCOUNT_LOCK_S', c.accountLockMs / 1000) * 1000
   c.redisUrl = str('REDIS_URL')
+  c.rateLimitPerCredential = int('RATE_LIMIT_PER_CREDENTIAL', c.rateLimitPerCredential)
+  c.rateLimitPerAddress = int('RATE_LIMIT_PER_ADDRESS', c.rateLimitPerAddress)
   c.trustedOrigins = (str('TRUSTED_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   return validate(c)
 }

@@ -181,3 +181,31 @@ describe('the sign-in page', () => {
     assert.equal((await t.app.inject({ url: '/auth/api/verify', headers: { cookie: `${cookie.name}=${cookie.value}` } })).statusCode, 401)
   })
 })
+
+describe('the general request limit', () => {
+  const t = useTestApp(dialect, { rateLimitPerCredential: 5, rateLimitPerAddress: 3 })
+
+  it('answers 429 problem+json with Retry-After and RateLimit headers past the per-credential limit, per credential', async () => {
+    const other = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'other' } })).json().key
+    const statuses: number[] = []
+    let last: LightMyRequestResponse | undefined
+    for (let i = 0; i < 6; i++) {
+      last = await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(t.adminKey) })
+      statuses.push(last.statusCode)
+    }
+    // The key-creation request above was the first of this key's five.
+    assert.deepEqual(statuses, [200, 200, 200, 200, 429, 429])
+    assert.equal(last!.json().code, 'rate_limited')
+    assert.match(last!.headers['content-type'] as string, /^application\/problem\+json/)
+    assert.ok(Number(last!.headers['retry-after']) > 0)
+    assert.equal(last!.headers['ratelimit-remaining'], '0')
+    assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(other) })).statusCode, 200, 'another key has its own budget')
+  })
+
+  it('limits requests without a credential per address, and never the health checks', async () => {
+    for (let i = 0; i < 3; i++) assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.9' })).statusCode, 200)
+    assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.9' })).statusCode, 429)
+    for (let i = 0; i < 5; i++) assert.equal((await t.app.inject({ url: '/auth/healthz', remoteAddress: '127.0.0.9' })).statusCode, 200)
+    assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.10' })).statusCode, 200)
+  })
+})

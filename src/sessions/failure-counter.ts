@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis'
+import type { Redis } from 'ioredis'
 
 export interface Count {
   count: number
@@ -53,23 +53,22 @@ export function memoryFailureCounter (): FailureCounter {
   }
 }
 
-export function redisFailureCounter (url: string): FailureCounter {
-  const redis = new Redis(url, { lazyConnect: false, maxRetriesPerRequest: 2, enableOfflineQueue: true, keyPrefix: 'gatehouse:login:' })
-  // Connection errors surface on the commands that need the connection; the event must still be handled.
-  redis.on('error', () => {})
+/** Keys live under `gatehouse:login:` in the shared Redis; the caller owns (and closes) the client. */
+export function redisFailureCounter (redis: Redis): FailureCounter {
+  const prefix = 'gatehouse:login:'
   const asCount = (count: unknown, ttl: unknown): Count => ({ count: Number(count ?? 0), resetMs: Math.max(0, Number(ttl ?? 0)) })
   return {
     get: async (key) => {
-      const replies = (await redis.multi().get(key).pttl(key).exec())! as Array<[unknown, unknown]>
+      const replies = (await redis.multi().get(prefix + key).pttl(prefix + key).exec())! as Array<[unknown, unknown]>
       const count = replies[0]?.[1]
       return count === null || count === undefined ? { count: 0, resetMs: 0 } : asCount(count, replies[1]?.[1])
     },
     increment: async (key, windowMs) => {
       // The expiry is set only by the failure that opens the window (NX).
-      const replies = (await redis.multi().incr(key).pexpire(key, windowMs, 'NX').pttl(key).exec())! as Array<[unknown, unknown]>
+      const replies = (await redis.multi().incr(prefix + key).pexpire(prefix + key, windowMs, 'NX').pttl(prefix + key).exec())! as Array<[unknown, unknown]>
       return asCount(replies[0]?.[1], replies[2]?.[1])
     },
-    reset: async (key) => { await redis.del(key) },
-    close: async () => { await redis.quit() }
+    reset: async (key) => { await redis.del(prefix + key) },
+    close: async () => {}
   }
 }

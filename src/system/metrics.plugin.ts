@@ -38,7 +38,8 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
 
   app.get(options.path, {
     schema: { tags: ['system'], operationId: 'metrics', summary: 'Metrics', description: 'Prometheus text format. Switch off with METRICS_ENABLED=false.' },
-    logLevel: 'warn'
+    logLevel: 'warn',
+    config: { rateLimit: false }
   }, async (_request, reply) => {
     return await reply.type(registry.contentType).send(await registry.metrics())
   })

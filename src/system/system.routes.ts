@@ -31,7 +31,8 @@ export default async function systemRoutes (app: FastifyTypeBox): Promise<void> 
 
   app.get('/healthz', {
     schema: { tags: ['system'], operationId: 'healthz', summary: 'Liveness', description: 'The process is up. Does not touch the database.', response: { 200: Health } },
-    logLevel: 'warn'
+    logLevel: 'warn',
+    config: { rateLimit: false }
   }, async () => ({ status: 'ok' }))
 
   app.get('/readyz', {
@@ -42,7 +43,8 @@ export default async function systemRoutes (app: FastifyTypeBox): Promise<void> 
       description: 'Ready to serve: the database answers within 2 s. 503 otherwise, so a load balancer stops sending traffic here.',
       response: { 200: Health, 503: Health, ...problems() }
     },
-    logLevel: 'warn'
+    logLevel: 'warn',
+    config: { rateLimit: false }
   }, async (_request, reply) => {
     const ok = await Promise.race([
       pingDb(app.db).then(() => true, () => false),

@@ -1,0 +1,167 @@
+import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto'
+import pg from 'pg'
+import { CliError, UsageError } from './output.ts'
+
+/**
+ * The optional database-user step (docs/cli.md, PRODUCT.md §10): a
+ * PostgreSQL role in the service's relational database, created with a
+ * locally computed SCRAM-SHA-256 verifier, so the plaintext password never
+ * reaches the server, its logs or pg_stat_activity.
+ */
+
+export const PRIVILEGES = ['superuser', 'createdb', 'createrole', 'login'] as const
+export type Privilege = typeof PRIVILEGES[number]
+export const DEFAULT_PRIVILEGES = 'login,createdb'
+
+/** Names CREATE ROLE refuses or that would shadow a role every cluster has. */
+const RESERVED = new Set(['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role', 'all'])
+/** Lower-case, so quoting changes nothing; 63 bytes at most, so PostgreSQL never truncates two names into one. */
+const ROLE_NAME = /^[a-z_][a-z0-9_$]{0,62}$/
+
+/** Why `name` may not be a role name, or undefined when it may. */
+export function roleNameProblem (name: string): string | undefined {
+  if (Buffer.byteLength(name, 'utf8') > 63) return 'it is longer than 63 bytes, which PostgreSQL would silently truncate'
+  if (!ROLE_NAME.test(name)) return 'a role name starts with a-z or _ and has only a-z, 0-9, _ and $ (no capitals, quotes, spaces or other characters)'
+  if (name.startsWith('pg_')) return 'names starting with pg_ are reserved by PostgreSQL'
+  if (RESERVED.has(name)) return `"${name}" is reserved`
+  return undefined
+}
+
+export function checkRoleName (name: string): void {
+  const problem = roleNameProblem(name)
+  if (problem !== undefined) throw new UsageError(`not a valid database role name ${JSON.stringify(name)}: ${problem}`)
+}
+
+export function parsePrivileges (list: string): Set<Privilege> {
+  const items = list.split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
+  if (items.length === 0) throw new UsageError(`--privileges takes a comma-separated list of ${PRIVILEGES.join(', ')}`)
+  for (const item of items) {
+    if (!(PRIVILEGES as readonly string[]).includes(item)) {
+      throw new UsageError(`unknown privilege "${item}"; choose from ${PRIVILEGES.join(', ')}`)
+    }
+  }
+  return new Set(items as Privilege[])
+}
+
+export const SUPERUSER_WARNING = 'warning: superuser bypasses every permission check in the whole database cluster; grant it only to people who need it'
+
+// RFC 3454 tables used by SASLprep (RFC 4013), as PostgreSQL's src/common/saslprep.c applies them.
+const NON_ASCII_SPACE = /[\u00A0\u1680\u2000-\u200B\u202F\u205F\u3000]/g
+// eslint-disable-next-line no-misleading-character-class
+const MAPPED_TO_NOTHING = /[\u00AD\u034F\u1806\u180B-\u180D\u200B-\u200D\u2060\uFE00-\uFE0F\uFEFF]/g
+// C.1.2, C.2.1, C.2.2, C.3, C.4, C.5, C.6, C.7, C.8, C.9 (code points above U+FFFF checked separately below).
+// eslint-disable-next-line no-control-regex, no-misleading-character-class
+const PROHIBITED = /[\u00A0\u1680\u2000-\u200B\u202F\u205F\u3000\u0000-\u001F\u007F\u0080-\u009F\u06DD\u070F\u180E\u200C\u200D\u2028\u2029\u2060-\u2063\u206A-\u206F\uFEFF\uFFF9-\uFFFC\uE000-\uF8FF\uFDD0-\uFDEF\uFFFE\uFFFF\uD800-\uDFFF\uFFFD\u0340\u0341\u200E\u200F\u202A-\u202E\u2FF0-\u2FFB]/u
+
+function prohibitedAstral (codePoint: number): boolean {
+  if (codePoint < 0x10000) return false
+  if ((codePoint & 0xFFFE) === 0xFFFE) return true // C.4 non-characters at the end of each plane
+  if (codePoint >= 0x1D173 && codePoint <= 0x1D17A) return true // C.2.2 musical control characters
+  if (codePoint >= 0xF0000) return true // C.3 private use planes 15 and 16
+  return codePoint === 0xE0001 || (codePoint >= 0xE0020 && codePoint <= 0xE007F) // C.9 tags
+}
+
+/**
+ * SASLprep as PostgreSQL applies it to passwords: ASCII is taken as it is;
+ * otherwise non-ASCII spaces become spaces, "mapped to nothing" characters go,
+ * the result is NFKC-normalized, and if it holds a prohibited character the
+ * original string is used instead (PostgreSQL falls back to the raw bytes).
+ * Not checked: unassigned code points and the bidirectional rule, where
+ * PostgreSQL would also fall back (node-postgres skips the same checks).
+ */
+export function saslprep (password: string): string {
+  // eslint-disable-next-line no-control-regex
+  if (/^[\u0000-\u007F]*$/.test(password)) return password
+  const prepared = password.replace(NON_ASCII_SPACE, ' ').replace(MAPPED_TO_NOTHING, '').normalize('NFKC')
+  if (PROHIBITED.test(prepared)) return password
+  for (const char of prepared) if (prohibitedAstral(char.codePointAt(0)!)) return password
+  return prepared
+}
+
+/**
+ * `SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey>` (RFC 5803), as
+ * PostgreSQL's scram_build_secret makes it; stored as-is by CREATE ROLE.
+ */
+export function scramVerifier (password: string, { salt = randomBytes(16), iterations = 4096 }: { salt?: Buffer, iterations?: number } = {}): string {
+  const salted = pbkdf2Sync(Buffer.from(saslprep(password), 'utf8'), salt, iterations, 32, 'sha256')
+  const clientKey = createHmac('sha256', salted).update('Client Key').digest()
+  const storedKey = createHash('sha256').update(clientKey).digest()
+  const serverKey = createHmac('sha256', salted).update('Server Key').digest()
+  return `SCRAM-SHA-256$${iterations}:${salt.toString('base64')}$${storedKey.toString('base64')}:${serverKey.toString('base64')}`
+}
+
+/** Every attribute spelled out, so the role has exactly the requested ones whatever the defaults. */
+export function createRoleSql (name: string, privileges: ReadonlySet<Privilege>, verifier: string | undefined): string {
+  checkRoleName(name)
+  const attributes = [
+    privileges.has('login') ? 'LOGIN' : 'NOLOGIN',
+    privileges.has('superuser') ? 'SUPERUSER' : 'NOSUPERUSER',
+    privileges.has('createdb') ? 'CREATEDB' : 'NOCREATEDB',
+    privileges.has('createrole') ? 'CREATEROLE' : 'NOCREATEROLE',
+    'INHERIT', 'NOREPLICATION', 'NOBYPASSRLS'
+  ]
+  if (verifier !== undefined) {
+    if (!/^SCRAM-SHA-256\$\d+:[A-Za-z0-9+/=]+\$[A-Za-z0-9+/=]+:[A-Za-z0-9+/=]+$/.test(verifier)) throw new Error('not a SCRAM-SHA-256 verifier')
+    attributes.push(`PASSWORD ${pg.escapeLiteral(verifier)}`)
+  }
+  // CREATE ROLE is a utility statement and takes no bind parameters: the name is validated above and quoted here.
+  return `CREATE ROLE ${pg.escapeIdentifier(name)} WITH ${attributes.join(' ')}`
+}
+
+/** Connects to SERVICE_DATABASE_URL; the error names the host, never the URL (which may hold a password). */
+export async function connectServiceDb (env: NodeJS.ProcessEnv = process.env): Promise<pg.Client> {
+  const url = env.SERVICE_DATABASE_URL
+  if (url === undefined || url === '') throw new UsageError('set SERVICE_DATABASE_URL to the service\'s PostgreSQL database (postgres://...), connected as a role that may create roles')
+  if (!/^postgres(ql)?:\/\//.test(url)) throw new UsageError('SERVICE_DATABASE_URL must start with postgres://')
+  const client = new pg.Client({ connectionString: url, connectionTimeoutMillis: 10_000, application_name: 'gatehouse-cli' })
+  client.on('error', () => {})
+  try {
+    await client.connect()
+  } catch (error) {
+    let host = '?'
+    try { host = new URL(url).host } catch {}
+    throw new CliError(`cannot connect to SERVICE_DATABASE_URL (${host}): ${(error as Error).message}`)
+  }
+  return client
+}
+
+export async function roleExists (client: pg.Client, name: string): Promise<boolean> {
+  const result = await client.query('SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1', [name])
+  return result.rowCount !== null && result.rowCount > 0
+}
+
+function existsError (name: string): CliError {
+  return new CliError(`a database role named "${name}" already exists; gatehouse never alters an existing role`)
+}
+
+/** Creates the role, or fails if one of that name exists (never ALTER ROLE). */
+export async function createRole (client: pg.Client, name: string, privileges: ReadonlySet<Privilege>, password: string | undefined): Promise<void> {
+  const sql = createRoleSql(name, privileges, password === undefined ? undefined : scramVerifier(password))
+  if (await roleExists(client, name)) throw existsError(name)
+  try {
+    await client.query(sql)
+  } catch (error) {
+    throw pgFailure(error, name)
+  }
+}
+
+/** Drops exactly the named role; fails if there is none. */
+export async function dropRole (client: pg.Client, name: string): Promise<void> {
+  checkRoleName(name)
+  if (!await roleExists(client, name)) throw new CliError(`no database role is named "${name}"`)
+  try {
+    await client.query(`DROP ROLE ${pg.escapeIdentifier(name)}`)
+  } catch (error) {
+    throw pgFailure(error, name)
+  }
+}
+
+function pgFailure (error: unknown, name: string): CliError {
+  const e = error as { code?: string, message?: string, detail?: string }
+  if (e.code === '42710') return existsError(name)
+  if (e.code === '2BP01') {
+    return new CliError(`the role "${name}" still owns objects or holds privileges (${e.detail?.split('\n')[0] ?? e.message}); ` +
+      `in each database where it does, run: REASSIGN OWNED BY ${pg.escapeIdentifier(name)} TO CURRENT_USER; DROP OWNED BY ${pg.escapeIdentifier(name)}`)
+  }
+  return new CliError(`PostgreSQL refused: ${e.message ?? String(error)}`)
+}

@@ -1,0 +1,251 @@
+import { createReadStream, createWriteStream } from 'node:fs'
+import { once } from 'node:events'
+import { createInterface } from 'node:readline'
+import type { Readable, Writable } from 'node:stream'
+import type { Command } from 'commander'
+import { parse } from 'csv-parse'
+import pLimit from 'p-limit'
+import { ApiClient, ApiError, type ApiUser } from './http.ts'
+import { CliError, printJson, printLine, UsageError } from './output.ts'
+import { addFilterOptions, filterQuery, type FilterOptions } from './filters.ts'
+
+/** Fields of an exported user that the server assigns: skipped on import, so an export imports again. */
+const SERVER_FIELDS = new Set(['id', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
+const IN_FLIGHT = 8
+
+export interface ImportRow {
+  /** Line of the file where the row starts. */
+  line: number
+  username: string | null
+  status: 'created' | 'failed' | 'valid' | 'rolled_back' | 'not_attempted'
+  id?: string
+  error?: string
+  body?: Record<string, unknown>
+}
+
+function input (file: string): Readable {
+  return file === '-' ? process.stdin : createReadStream(file)
+}
+
+async function * jsonLines (file: string): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
+  let line = 0
+  for await (const text of createInterface({ input: input(file), crlfDelay: Infinity })) {
+    line += 1
+    if (text.trim() === '') continue
+    try {
+      yield { line, record: JSON.parse(text) }
+    } catch {
+      yield { line, record: undefined, error: 'not valid JSON' }
+    }
+  }
+}
+
+async function * csvRows (file: string): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
+  const parser = input(file).pipe(parse({
+    bom: true,
+    skip_empty_lines: true,
+    info: true,
+    relax_column_count: false,
+    columns: (header: string[]) => {
+      const names = header.map(h => h.trim())
+      if (!names.includes('username')) throw new UsageError('the CSV header has no username column')
+      return names
+    }
+  }))
+  for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>, info: { lines: number } }>) {
+    yield { line: info.lines, record: fromCsv(record) }
+  }
+}
+
+/** CSV cells are text: an empty cell is an absent field, groups are a JSON array or `;`-separated, disabled a boolean word. */
+function fromCsv (record: Record<string, string>): Record<string, unknown> {
+  const out: Record<string, unknown> = {}
+  for (const [key, value] of Object.entries(record)) {
+    if (value === '') continue
+    if (key === 'groups') {
+      if (value.trim().startsWith('[')) {
+        try { out.groups = JSON.parse(value) } catch { out.groups = value }
+      } else out.groups = value.split(';').map(g => g.trim()).filter(g => g !== '')
+    } else if (key === 'disabled') {
+      out.disabled = /^(true|1|yes)$/i.test(value) ? true : /^(false|0|no)$/i.test(value) ? false : value
+    } else out[key] = value
+  }
+  return out
+}
+
+/** The body to send for one record, or why it cannot be sent. */
+export function toCreateBody (record: unknown, userCreateProblems: (value: unknown) => string[]): { body?: Record<string, unknown>, error?: string } {
+  if (record === null || typeof record !== 'object' || Array.isArray(record)) return { error: 'a row must be a JSON object' }
+  const body: Record<string, unknown> = {}
+  for (const [key, value] of Object.entries(record)) {
+    if (SERVER_FIELDS.has(key)) continue
+    if (key === 'password' || key === 'password_hash') {
+      return { error: `the "${key}" field is not imported: passwords and password hashes cannot be imported yet; set passwords with "gatehouse users update USER --password-prompt"` }
+    }
+    body[key] = value
+  }
+  const problems = userCreateProblems(body)
+  return problems.length > 0 ? { error: problems.join('; ') } : { body }
+}
+
+function formatOf (file: string, given: string | undefined): 'csv' | 'jsonl' {
+  if (given !== undefined) {
+    if (given !== 'csv' && given !== 'jsonl') throw new UsageError('--format takes csv or jsonl')
+    return given
+  }
+  if (/\.csv$/i.test(file)) return 'csv'
+  if (/\.(jsonl|ndjson)$/i.test(file)) return 'jsonl'
+  throw new UsageError('cannot tell the format from the file name; pass --format csv or --format jsonl')
+}
+
+class Progress {
+  readonly #enabled = process.stderr.isTTY === true
+  #last = 0
+  constructor (readonly label: string, readonly total: number) {}
+  tick (done: number): void {
+    if (!this.#enabled || (Date.now() - this.#last < 100 && done < this.total)) return
+    this.#last = Date.now()
+    const width = 30
+    const filled = this.total === 0 ? width : Math.round(width * done / this.total)
+    process.stderr.write(`\r${this.label} [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${done}/${this.total}`)
+    if (done >= this.total) process.stderr.write('\n')
+  }
+}
+
+async function writeLine (out: Writable, text: string): Promise<void> {
+  if (!out.write(text + '\n')) await once(out, 'drain')
+}
+
+export function registerTransfer (users: Command): void {
+  addFilterOptions(users.command('export').description('write users as JSON Lines (one user per line), read a page at a time'))
+    .option('--output <file>', 'write to this file instead of standard output')
+    .action(async (options: FilterOptions & { output?: string }) => {
+      const client = ApiClient.fromEnv()
+      const query = filterQuery(options)
+      const out: Writable = options.output !== undefined ? createWriteStream(options.output, { flags: 'wx', mode: 0o600 }) : process.stdout
+      if (options.output !== undefined) await once(out, 'open').catch((error: Error) => { throw new CliError(`cannot write ${options.output}: ${error.message}`) })
+      let count = 0
+      for await (const page of client.users(query)) {
+        for (const user of page) await writeLine(out, JSON.stringify(user))
+        count += page.length
+        if (options.output !== undefined && process.stderr.isTTY === true) process.stderr.write(`\rexported ${count} users`)
+      }
+      if (options.output !== undefined) {
+        out.end()
+        await once(out, 'finish')
+        process.stderr.write(`${process.stderr.isTTY === true ? '\r' : ''}exported ${count} users to ${options.output}\n`)
+      }
+    })
+
+  users.command('import')
+    .description('create users from a CSV or JSON Lines file; all or nothing unless --continue-on-error')
+    .argument('<file>', 'a .csv or .jsonl file, or - for standard input (then give --format)')
+    .option('--format <format>', 'csv or jsonl (default: from the file name)')
+    .option('--dry-run', 'check every row, against the service too, and create nothing')
+    .option('--continue-on-error', 'create the valid rows even if others fail (default: any failure creates nothing)')
+    .option('--json', 'print the per-row report as JSON')
+    .action(async (file: string, options: { format?: string, dryRun?: boolean, continueOnError?: boolean, json?: boolean }) => {
+      const format = formatOf(file, options.format)
+      const client = ApiClient.fromEnv()
+      const { userCreateProblems } = await import('./validate.ts')
+      const rows: ImportRow[] = []
+      try {
+        for await (const { line, record, error } of format === 'csv' ? csvRows(file) : jsonLines(file)) {
+          const username = record !== null && typeof record === 'object' && typeof (record as { username?: unknown }).username === 'string'
+            ? (record as { username: string }).username
+            : null
+          const checked = error !== undefined ? { error } : toCreateBody(record, userCreateProblems)
+          rows.push({ line, username, status: checked.error !== undefined ? 'failed' : 'valid', ...checked })
+        }
+      } catch (error) {
+        if (error instanceof CliError) throw error
+        const code = (error as { code?: string }).code
+        if (code === 'ENOENT' || code === 'EACCES' || code === 'EISDIR') throw new CliError(`cannot read ${file}: ${(error as Error).message}`)
+        throw new CliError(`${file} is not valid ${format === 'csv' ? 'CSV' : 'JSON Lines'}: ${(error as Error).message}`)
+      }
+
+      // Conflicts the service would refuse: within the file, and with the users it already has.
+      const existingNames = new Set<string>()
+      const existingEmails = new Set<string>()
+      for await (const page of client.users()) {
+        for (const user of page) {
+          existingNames.add(user.username.toLowerCase())
+          if (user.email !== null) existingEmails.add(user.email.toLowerCase())
+        }
+      }
+      const seenNames = new Map<string, number>()
+      const seenEmails = new Map<string, number>()
+      for (const row of rows) {
+        if (row.status !== 'valid' || row.body === undefined) continue
+        const name = String(row.body.username).toLowerCase()
+        const email = typeof row.body.email === 'string' ? row.body.email.toLowerCase() : undefined
+        const fail = (error: string): void => { row.status = 'failed'; row.error = error }
+        if (existingNames.has(name)) fail(`a user named "${String(row.body.username)}" already exists`)
+        else if (seenNames.has(name)) fail(`the username repeats line ${seenNames.get(name)!}`)
+        else if (email !== undefined && existingEmails.has(email)) fail(`another user has the email ${String(row.body.email)}`)
+        else if (email !== undefined && seenEmails.has(email)) fail(`the email repeats line ${seenEmails.get(email)!}`)
+        seenNames.set(name, seenNames.get(name) ?? row.line)
+        if (email !== undefined) seenEmails.set(email, seenEmails.get(email) ?? row.line)
+      }
+
+      const invalid = rows.filter(r => r.status === 'failed').length
+      let rolledBack = 0
+      let aborted = false
+      if (options.dryRun !== true && (invalid === 0 || options.continueOnError === true)) {
+        const pending = rows.filter(r => r.status === 'valid')
+        const progress = new Progress('importing', pending.length)
+        const limit = pLimit(IN_FLIGHT)
+        let done = 0
+        await Promise.all(pending.map(async row => await limit(async () => {
+          if (aborted) return
+          try {
+            const user = (await client.request<ApiUser>('POST', '/api/users', { body: row.body })).body
+            row.status = 'created'
+            row.id = user.id
+          } catch (error) {
+            if (!(error instanceof ApiError)) throw error
+            row.status = 'failed'
+            row.error = error.message
+            if (options.continueOnError !== true) aborted = true
+          }
+          progress.tick(++done)
+        })))
+        if (aborted) {
+          // All or nothing: what this run created is deleted again.
+          for (const row of rows) {
+            if (row.status !== 'created') continue
+            try {
+              await client.request('DELETE', `/api/users/${row.id!}`)
+              row.status = 'rolled_back'
+              rolledBack += 1
+            } catch (error) {
+              row.error = `created, and could not be deleted again: ${(error as Error).message}`
+            }
+          }
+        }
+      }
+      for (const row of rows) {
+        if (row.status === 'valid' && options.dryRun !== true) row.status = 'not_attempted'
+        delete row.body
+      }
+
+      const failed = rows.filter(r => r.status === 'failed')
+      const created = rows.filter(r => r.status === 'created').length
+      if (options.json === true) {
+        printJson({ dry_run: options.dryRun === true, rows_read: rows.length, created, failed: failed.length, rolled_back: rolledBack, rows })
+      } else {
+        for (const row of failed) printLine(`line ${row.line}${row.username !== null ? ` (${row.username})` : ''}: ${row.error ?? ''}`)
+        const leftover = rows.filter(r => r.status === 'created' && aborted)
+        for (const row of leftover) printLine(`line ${row.line} (${row.username ?? ''}): ${row.error ?? ''}`)
+        if (options.dryRun === true) {
+          printLine(`Dry run: ${rows.length - failed.length} of ${rows.length} rows would be created${failed.length > 0 ? `, ${failed.length} have problems` : ''}; nothing was changed`)
+        } else if (failed.length > 0 && options.continueOnError !== true) {
+          printLine(`Nothing was imported: ${failed.length} of ${rows.length} rows failed${rolledBack > 0 ? ` (the ${rolledBack} users created before the failure were deleted again)` : ''}. ` +
+            'Fix them, or pass --continue-on-error to import the others.')
+        } else {
+          printLine(`Created ${created} of ${rows.length} users${failed.length > 0 ? `; ${failed.length} rows failed` : ''}`)
+        }
+      }
+      if (failed.length > 0) process.exitCode = 1
+    })
+}
