@@ -35,6 +35,11 @@ Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
 }
 
 export async function main (argv: string[]): Promise<number> {
+  // `gatehouse users export | head` closes the pipe early: that ends the command, quietly.
+  process.stdout.on('error', (error: NodeJS.ErrnoException) => {
+    if (error.code === 'EPIPE') process.exit(EXIT_OK)
+    throw error
+  })
   const program = buildProgram()
   try {
     await program.parseAsync(argv, { from: 'user' })

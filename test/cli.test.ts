@@ -1,0 +1,361 @@
+import assert from 'node:assert/strict'
+import { once } from 'node:events'
+import { spawn } from 'node:child_process'
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { randomBytes } from 'node:crypto'
+import { after, before, describe, it } from 'node:test'
+import pg from 'pg'
+import { buildApp } from '../src/app.ts'
+import { defaultConfig } from '../src/config.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { BIN, listen, runCli } from './cli-helpers.ts'
+
+const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-cli-'))
+after(() => { rmSync(tmp, { recursive: true, force: true }) })
+
+describe('gatehouse: usage and exit codes', () => {
+  it('prints help with exit code 0 on --help, on every level', async () => {
+    for (const args of [['--help'], ['users', 'create', '--help'], ['db-user', 'drop', '--help']]) {
+      const r = await runCli(args)
+      assert.equal(r.code, 0, `${args.join(' ')}: ${r.stderr}`)
+      assert.match(r.stdout, /^Usage: gatehouse/)
+    }
+  })
+
+  it('exits 2 on wrong usage: no command, unknown command or option, missing argument, missing setting', async () => {
+    const cases: Array<[string[], RegExp]> = [
+      [[], /Usage: gatehouse/],
+      [['users', 'bogus'], /unknown command 'bogus'/],
+      [['users', 'list', '--bogus'], /unknown option '--bogus'/],
+      [['users', 'get'], /missing required argument 'user'/],
+      // A password is never taken from argv.
+      [['users', 'create', 'ada', '--password', 'secret'], /unknown option '--password'/],
+      [['users', 'list'], /set GATEHOUSE_API_KEY/],
+      [['keys', 'create', 'x', '--scope', 'root'], /unknown scope "root"/],
+      [['db-user', 'create', 'someone'], /set SERVICE_DATABASE_URL|not a valid|password/]
+    ]
+    for (const [args, message] of cases) {
+      const r = await runCli(args, { env: args[1] === 'list' ? {} : { GATEHOUSE_API_KEY: 'k' } })
+      assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
+      assert.match(r.stderr, message, args.join(' '))
+      assert.equal(r.stdout, '')
+    }
+  })
+
+  it('exits 1 with a one-line message when the service cannot be reached', async () => {
+    const url = `http://127.0.0.1:${await freePort()}/auth`
+    const r = await runCli(['users', 'list'], { env: { GATEHOUSE_URL: url, GATEHOUSE_API_KEY: 'k' } })
+    assert.equal(r.code, 1)
+    assert.equal(r.stderr, `gatehouse: cannot reach ${url}: ECONNREFUSED\n`)
+  })
+})
+
+describe('gatehouse: password prompt on a terminal', () => {
+  const script = ['/usr/bin/script', '/bin/script'].find(existsSync)
+  it('asks twice without echoing, and refuses a mismatch', { skip: script === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
+    // script(1) gives the CLI a pseudo-terminal; each answer is typed once the prompt is shown.
+    const child = spawn(script!, ['-qec', `${JSON.stringify(process.execPath)} ${JSON.stringify(BIN)} db-user create gh_prompt --password-prompt`, '/dev/null'], {
+      env: { ...process.env, SERVICE_DATABASE_URL: '' },
+      stdio: ['pipe', 'pipe', 'pipe']
+    })
+    let output = ''
+    const answers = [['Password: ', 'Typed-Secret-1\r'], ['Repeat the password: ', 'Typed-Secret-2\r']]
+    child.stdout.setEncoding('utf8').on('data', (d: string) => {
+      output += d
+      while (answers.length > 0 && output.includes(answers[0]![0]!)) child.stdin.write(answers.shift()![1]!)
+    })
+    const [code] = await once(child, 'exit') as [number | null]
+    assert.equal(code, 1, output)
+    assert.match(output, /gatehouse: the passwords do not match/)
+    assert.ok(!output.includes('Typed-Secret'), 'the password was echoed')
+  })
+})
+
+describe('gatehouse serve', () => {
+  it('starts the service like npm start, prints the first key once, and stops on SIGTERM', async () => {
+    const port = await freePort()
+    const child = spawn(process.execPath, [BIN, 'serve'], {
+      env: { ...process.env, DATABASE_URL: `sqlite:${join(tmp, 'serve.db')}`, PORT: String(port), LOG_LEVEL: 'info', GATEHOUSE_ADMIN_API_KEY: '', GATEHOUSE_ADMIN_USERNAME: '', GATEHOUSE_ADMIN_PASSWORD: '' },
+      stdio: ['ignore', 'pipe', 'pipe']
+    })
+    let stdout = ''
+    child.stdout.setEncoding('utf8').on('data', (d: string) => { stdout += d })
+    try {
+      const deadline = Date.now() + 15_000
+      while (!/gatehouse is serving/.test(stdout) && Date.now() < deadline) await new Promise(resolve => setTimeout(resolve, 50))
+      const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(stdout)?.[1]
+      assert.ok(key, stdout)
+      const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { 'x-api-key': key } })
+      assert.equal(res.status, 200)
+    } finally {
+      child.kill('SIGTERM')
+    }
+    const [code] = await once(child, 'exit') as [number | null]
+    assert.equal(code, 0)
+  })
+})
+
+for (const dialect of dialects()) {
+  describe(`gatehouse CLI against a running service (${dialect.name})`, () => {
+    let t: TestApp
+    let env: Record<string, string>
+    before(async () => {
+      t = await createTestApp(dialect)
+      env = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
+    })
+    after(async () => { await t.app.close() })
+    const cli = async (args: string[], input?: string, extra: Record<string, string> = {}) =>
+      await runCli(args, { env: { ...env, ...extra }, ...(input !== undefined ? { input } : {}) })
+    const userNamed = async (username: string) =>
+      (await t.app.inject({ url: `/auth/api/users?username=${username}`, headers: auth(t.adminKey) })).json()[0]
+
+    it('users create / get / list / update / delete, with --json output', async () => {
+      const username = uniqueName('ada')
+      const created = await cli(['users', 'create', username, '--email', `${username}@example.com`, '--first-name', 'Ada',
+        '--group', 'etl', '--group', 'ops', '--password-stdin', '--json'], `${GOOD_PASSWORD}\n`)
+      assert.equal(created.code, 0, created.stderr)
+      const user = JSON.parse(created.stdout)
+      assert.equal(user.username, username)
+      assert.deepEqual(user.groups, ['etl', 'ops'])
+      assert.ok(user.password_changed_at, 'the password from stdin was set')
+      assert.ok(!created.stdout.includes(GOOD_PASSWORD))
+
+      const got = await cli(['users', 'get', username, '--json'])
+      assert.equal(got.code, 0, got.stderr)
+      assert.deepEqual(JSON.parse(got.stdout), user)
+      const byId = await cli(['users', 'get', user.id])
+      assert.equal(byId.code, 0)
+      assert.match(byId.stdout, new RegExp(`^username +${username}$`, 'm'))
+
+      const listed = await cli(['users', 'list', '--group', 'etl', '--q', username, '--json'])
+      assert.equal(listed.code, 0, listed.stderr)
+      assert.deepEqual(JSON.parse(listed.stdout).map((u: { id: string }) => u.id), [user.id])
+      const table = await cli(['users', 'list', '--username', username])
+      assert.match(table.stdout, new RegExp(`│ ${user.id} │ ${username} `))
+
+      const updated = await cli(['users', 'update', username, '--last-name', 'Lovelace', '--email', '', '--clear-groups', '--disable', '--json'])
+      assert.equal(updated.code, 0, updated.stderr)
+      const u2 = JSON.parse(updated.stdout)
+      assert.equal(u2.last_name, 'Lovelace')
+      assert.equal(u2.email, null)
+      assert.deepEqual(u2.groups, [])
+      assert.equal(u2.disabled, true)
+      const stale = await cli(['users', 'update', user.id, '--enable', '--if-match', '"1"'])
+      assert.equal(stale.code, 1)
+      assert.match(stale.stderr, /^gatehouse: The user changed since you read it/)
+
+      const deleted = await cli(['users', 'delete', username, '--json'])
+      assert.equal(deleted.code, 0, deleted.stderr)
+      assert.deepEqual(JSON.parse(deleted.stdout), { deleted: { id: user.id, username }, db_role: null })
+      assert.equal(await userNamed(username), undefined)
+      const again = await cli(['users', 'delete', username])
+      assert.equal(again.code, 1)
+      assert.equal(again.stderr, `gatehouse: no user has the id or username "${username}"\n`)
+    })
+
+    it('admin create works on the configured database directly, and its key and user work in the service', async () => {
+      const local: Record<string, string> = {}
+      let schema: string | undefined
+      if (dialect.url !== undefined) {
+        schema = `gh_test_${randomBytes(6).toString('hex')}`
+        Object.assign(local, { DATABASE_URL: dialect.url, DATABASE_SCHEMA: schema })
+      } else {
+        local.DATABASE_URL = `sqlite:${join(tmp, `admin-${randomBytes(4).toString('hex')}.db`)}`
+      }
+      try {
+        const migrated = await runCli(['migrate', '--json'], { env: local })
+        assert.equal(migrated.code, 0, migrated.stderr)
+        assert.ok(JSON.parse(migrated.stdout).applied.includes('0001_init'))
+        assert.deepEqual(JSON.parse((await runCli(['migrate', '--json'], { env: local })).stdout), { applied: [] })
+
+        const keyRun = await runCli(['admin', 'create', '--json'], { env: local })
+        assert.equal(keyRun.code, 0, keyRun.stderr)
+        const key = JSON.parse(keyRun.stdout)
+        assert.deepEqual(key.scopes, ['admin'])
+        const userRun = await runCli(['admin', 'create', '--username', 'boss', '--password-stdin', '--json'], { env: local, input: `${GOOD_PASSWORD}\n` })
+        assert.equal(userRun.code, 0, userRun.stderr)
+        assert.equal(JSON.parse(userRun.stdout).role, 'admin')
+        const weak = await runCli(['admin', 'create', '--username', 'boss2', '--password-stdin'], { env: local, input: 'boss2boss2\n' })
+        assert.equal(weak.code, 1)
+        assert.match(weak.stderr, /must not contain the username/)
+        const invalid = await runCli(['admin', 'create', '--username', 'bad name', '--password-stdin'], { env: local, input: `${GOOD_PASSWORD}\n` })
+        assert.equal(invalid.code, 2)
+
+        const config = defaultConfig({ databaseUrl: local.DATABASE_URL!, databaseSchema: schema, logLevel: 'silent' })
+        const app = await buildApp({ config, logger: false })
+        try {
+          const users = await app.inject({ url: '/auth/api/users', headers: auth(key.key) })
+          assert.equal(users.statusCode, 200)
+          assert.deepEqual(users.json().map((u: { username: string }) => u.username), ['boss'])
+          const events = (await app.inject({ url: '/auth/api/events', headers: auth(key.key) })).json()
+          assert.deepEqual(events.map((e: { type: string, actor: unknown }) => [e.type, e.actor]).sort(),
+            [['api_key.created', { type: 'system', id: 'cli' }], ['user.created', { type: 'system', id: 'cli' }]])
+          const { bootstrap } = await import('../src/bootstrap.ts')
+          assert.deepEqual(await bootstrap(app.db, app.passwords, config, app.log), {}, 'a first start prints no other key')
+        } finally {
+          await app.close()
+        }
+      } finally {
+        if (schema !== undefined) {
+          const client = new pg.Client({ connectionString: dialect.url })
+          await client.connect()
+          await client.query(`drop schema if exists "${schema}" cascade`)
+          await client.end()
+        }
+      }
+    })
+
+    // The HTTP commands do not depend on the service's database: the rest runs once, on SQLite.
+    if (dialect.name !== 'sqlite') return
+
+    it('prints the API\'s problem detail and field errors, with exit code 1', async () => {
+      const username = uniqueName('dup')
+      assert.equal((await cli(['users', 'create', username])).code, 0)
+      const dup = await cli(['users', 'create', username.toUpperCase()])
+      assert.equal(dup.code, 1)
+      assert.match(dup.stderr, /^gatehouse: A user with that username already exists/)
+      const invalid = await cli(['users', 'create', 'has space', '--email', 'nope'])
+      assert.equal(invalid.code, 1)
+      assert.match(invalid.stderr, /\n {2}\/username: /)
+      assert.match(invalid.stderr, /\n {2}\/email: /)
+      const weak = await cli(['users', 'create', uniqueName(), '--password-stdin'], 'short\n')
+      assert.equal(weak.code, 1)
+      assert.match(weak.stderr, /at least 8 characters/)
+      const badKey = await cli(['users', 'list'], undefined, { GATEHOUSE_API_KEY: 'gatehouse_wrong' })
+      assert.equal(badKey.code, 1)
+      assert.match(badKey.stderr, /^gatehouse: .+\n$/)
+      const empty = await cli(['users', 'update', username])
+      assert.equal(empty.code, 2)
+      assert.match(empty.stderr, /nothing to change/)
+      const noStdin = await cli(['users', 'create', uniqueName(), '--password-stdin'], '')
+      assert.equal(noStdin.code, 2)
+      assert.match(noStdin.stderr, /empty password/)
+    })
+
+    it('keys create / list / rotate / revoke; a secret is printed once and works at once', async () => {
+      const created = await cli(['keys', 'create', 'cli test', '--scope', 'users:read', '--json'])
+      assert.equal(created.code, 0, created.stderr)
+      const key = JSON.parse(created.stdout)
+      assert.deepEqual(key.scopes, ['users:read'])
+      const ok = async (secret: string) => (await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(secret) })).statusCode
+      assert.equal(await ok(key.key), 200)
+
+      const text = await cli(['keys', 'create', 'text output'])
+      assert.match(text.stdout, /^API key \(shown once, store it now\): gatehouse_\w{43}\n/)
+
+      const rotated = await cli(['keys', 'rotate', key.id, '--json'])
+      assert.equal(rotated.code, 0, rotated.stderr)
+      const newSecret = JSON.parse(rotated.stdout).key
+      assert.notEqual(newSecret, key.key)
+      assert.equal(await ok(key.key), 401)
+      assert.equal(await ok(newSecret), 200)
+
+      const listed = JSON.parse((await cli(['keys', 'list', '--json'])).stdout)
+      assert.ok(listed.some((k: { id: string }) => k.id === key.id))
+      assert.ok(listed.every((k: Record<string, unknown>) => !('key' in k)))
+
+      const revoked = await cli(['keys', 'revoke', key.id])
+      assert.equal(revoked.code, 0, revoked.stderr)
+      assert.equal(revoked.stdout, `Revoked API key ${key.id}\n`)
+      assert.equal(await ok(newSecret), 401)
+      const withRevoked = JSON.parse((await cli(['keys', 'list', '--include-revoked', '--json'])).stdout)
+      assert.ok(withRevoked.find((k: { id: string }) => k.id === key.id).revoked_at)
+      const missing = await cli(['keys', 'rotate', '01900000-0000-7000-8000-000000000000'])
+      assert.equal(missing.code, 1)
+      assert.match(missing.stderr, /No API key has the id/)
+    })
+
+    it('users export writes one JSON line per user, following pages', async () => {
+      const group = uniqueName('exp')
+      const names = [uniqueName('e'), uniqueName('e'), uniqueName('e')]
+      for (const username of names) {
+        await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, groups: [group] } })
+      }
+      const r = await cli(['users', 'export', '--group', group, '--sort', 'username'])
+      assert.equal(r.code, 0, r.stderr)
+      const lines = r.stdout.trimEnd().split('\n').map(l => JSON.parse(l))
+      assert.deepEqual(lines.map(u => u.username), [...names].sort())
+      assert.ok(lines.every(u => typeof u.id === 'string' && !('password' in u)))
+
+      const file = join(tmp, `${group}.jsonl`)
+      const toFile = await cli(['users', 'export', '--group', group, '--output', file])
+      assert.equal(toFile.code, 0, toFile.stderr)
+      assert.deepEqual(readFileSync(file, 'utf8').trimEnd().split('\n').map(l => JSON.parse(l).username), names, 'oldest first by default')
+      assert.match(toFile.stderr, /exported 3 users/)
+    })
+
+    it('users import: all or nothing by default, --dry-run creates nothing, --continue-on-error keeps the valid rows', async () => {
+      const [a, b, c] = [uniqueName('imp'), uniqueName('imp'), uniqueName('imp')]
+      const csv = join(tmp, `${a}.csv`)
+      writeFileSync(csv, `username,email,first_name,groups,disabled\n${a},${a}@example.com,"Ada, the first",etl;ops,false\n${b},not-an-email,,,\n${c},,,"[""x""]",yes\n`)
+
+      const all = await cli(['users', 'import', csv])
+      assert.equal(all.code, 1)
+      assert.match(all.stdout, new RegExp(`^line 3 \\(${b}\\): /email: must match format "email"$`, 'm'))
+      assert.match(all.stdout, /Nothing was imported/)
+      assert.equal(await userNamed(a), undefined)
+
+      const dry = await cli(['users', 'import', csv, '--dry-run', '--json'])
+      assert.equal(dry.code, 1)
+      const report = JSON.parse(dry.stdout)
+      assert.equal(report.dry_run, true)
+      assert.deepEqual(report.rows.map((r: { line: number, status: string }) => [r.line, r.status]), [[2, 'valid'], [3, 'failed'], [4, 'valid']])
+      assert.equal(await userNamed(a), undefined)
+
+      const some = await cli(['users', 'import', csv, '--continue-on-error', '--json'])
+      assert.equal(some.code, 1)
+      const done = JSON.parse(some.stdout)
+      assert.equal(done.created, 2)
+      assert.equal(done.failed, 1)
+      const ada = await userNamed(a)
+      assert.equal(ada.first_name, 'Ada, the first')
+      assert.deepEqual(ada.groups, ['etl', 'ops'])
+      assert.equal((await userNamed(c)).disabled, true)
+
+      // The export of those users imports again, elsewhere, once they are gone here; here they conflict.
+      const again = await cli(['users', 'import', csv, '--dry-run'])
+      assert.match(again.stdout, new RegExp(`line 2 \\(${a}\\): a user named "${a}" already exists`))
+
+      const jsonl = join(tmp, `${a}.jsonl`)
+      const d = uniqueName('imp')
+      writeFileSync(jsonl, `{"username":"${d}","groups":["x"],"id":"ignored","created_at":"2020-01-01T00:00:00Z"}\n\n{"username":"${uniqueName()}","password_hash":"$argon2id$v=19$m=19456,t=2,p=1$x$y"}\n`)
+      const hashes = await cli(['users', 'import', jsonl, '--continue-on-error'])
+      assert.equal(hashes.code, 1)
+      assert.match(hashes.stdout, /line 3 .*password hashes cannot be imported yet/)
+      assert.match(hashes.stdout, /Created 1 of 2 users/)
+      assert.deepEqual((await userNamed(d)).groups, ['x'])
+    })
+
+    it('users import all-or-nothing deletes again what it created when the service refuses a row', async () => {
+      // A users:read+users:write key may not set roles: the service refuses the admin row with 403.
+      const limited = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'importer', scopes: ['users:read', 'users:write'] } })).json().key
+      const names = Array.from({ length: 6 }, () => uniqueName('rb'))
+      const rows = names.map((username, i) => JSON.stringify(i === 4 ? { username, role: 'admin' } : { username }))
+      const file = join(tmp, `${names[0]!}.jsonl`)
+      writeFileSync(file, rows.join('\n') + '\n')
+      const r = await cli(['users', 'import', file, '--json'], undefined, { GATEHOUSE_API_KEY: limited })
+      assert.equal(r.code, 1, r.stderr)
+      const report = JSON.parse(r.stdout)
+      assert.equal(report.created, 0)
+      assert.equal(report.failed, 1)
+      // All six were sent at once (8 in flight); the five the service accepted were deleted again.
+      assert.equal(report.rolled_back, 5)
+      assert.deepEqual(report.rows.map((row: { status: string }) => row.status), ['rolled_back', 'rolled_back', 'rolled_back', 'rolled_back', 'failed', 'rolled_back'])
+      assert.match(report.rows[4].error, /Only an admin may set roles/)
+      for (const username of names) assert.equal(await userNamed(username), undefined, username)
+    })
+  })
+}
+
+async function freePort (): Promise<number> {
+  const server = createServer()
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const address = server.address()
+  server.close()
+  if (address === null || typeof address === 'string') throw new Error('no port')
+  return address.port
+}
