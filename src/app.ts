@@ -33,6 +33,7 @@ import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
+import { deleteSessionsEndedBefore } from './sessions/sessions.repository.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
@@ -186,6 +187,19 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     return payload
   })
 
+  // Housekeeping: sessions that ended more than a day ago are only history, which the event log keeps.
+  const purge = async (): Promise<void> => {
+    try {
+      const removed = await deleteSessionsEndedBefore(db, new Date(Date.now() - 86_400_000).toISOString())
+      if (removed > 0) app.log.info({ removed }, 'purged old sessions')
+    } catch (err) {
+      app.log.warn({ err }, 'could not purge old sessions; will try again')
+    }
+  }
+  const purgeTimer = setInterval(() => { purge().catch(() => {}) }, 3_600_000).unref()
+  app.addHook('onReady', purge)
+  app.addHook('onClose', async () => { clearInterval(purgeTimer) })
+
   if (config.docsEnabled) await registerDocs(app, config)
   if (config.metricsEnabled) await app.register(metricsPlugin, { path: `${config.basePath}/metrics` })
 
@@ -219,6 +233,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
           'issue revocable API keys; read the event log. Operations tagged `default` are the current release (`/api/...`); ' +
           'those tagged `legacy` are release 3.6.1\'s paths, kept as deprecated aliases.\n\n' +
           'Authorize with an API key: as `?API_KEY=` (as the main API does), `X-API-Key`, or `Authorization: Bearer`. ' +
+          'People sign in with `POST /auth/api/login` (a session token, and a cookie for browsers); see the `sessions` tag. ' +
           'Every error is `application/problem+json` with a stable `code`.'
       },
       tags: [

@@ -194,8 +194,9 @@ function validate (c: Config): Config {
   if (c.sessionIdleTimeoutMs < 60_000 || c.sessionAbsoluteTimeoutMs < c.sessionIdleTimeoutMs) {
     throw new ConfigError('SESSION_IDLE_TIMEOUT_S must be at least 60 and SESSION_ABSOLUTE_TIMEOUT_S at least the idle time-out')
   }
-  if (c.loginMaxFailuresPerAccount < 1 || c.loginMaxFailuresPerAddress < 1 || c.accountLockThreshold < 1) {
-    throw new ConfigError('sign-in failure limits must be at least 1')
+  if (c.loginMaxFailuresPerAccount < 1 || c.loginMaxFailuresPerAddress < 1 || c.accountLockThreshold < 1 ||
+      c.loginFailureWindowMs < 1000 || c.accountLockMs < 1000) {
+    throw new ConfigError('sign-in failure limits, LOGIN_FAILURE_WINDOW_S and ACCOUNT_LOCK_S must be at least 1')
   }
   for (const origin of c.trustedOrigins) {
     if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`TRUSTED_ORIGINS entries look like https://ui.example.com, got "${origin}"`)

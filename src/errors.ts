@@ -25,12 +25,16 @@ export type ErrorCode =
   | 'password_too_long'
   | 'password_contains_username'
   | 'password_too_common'
+  | 'password_hash_unsupported'
+  | 'password_hash_out_of_bounds'
+  | 'import_failed'
   | 'invalid_credentials'
   | 'csrf_rejected'
   | 'conflict'
   | 'rate_limited'
   | 'server_busy'
   | 'database_unavailable'
+  | 'dependency_unavailable'
   | 'internal_error'
 
 export interface FieldError {
@@ -187,6 +191,10 @@ export function mapDatabaseError (error: unknown): AppError | undefined {
   if (PG_UNAVAILABLE.test(code) || NET_UNAVAILABLE.has(code) ||
       /timeout exceeded when trying to connect|Connection terminated|connect ECONNREFUSED/.test(message)) {
     return new AppError('database_unavailable', 503, 'The database is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
+  }
+  // ioredis, when the shared Redis (sign-in throttling, request limits) cannot be reached.
+  if ((error as { name?: unknown }).name === 'MaxRetriesPerRequestError' || /^Connection is closed|Stream isn't writeable/.test(message)) {
+    return new AppError('dependency_unavailable', 503, 'A service this one depends on is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
   if (code === '40P01' || code === '40001') {
     return new AppError('conflict', 409, 'A concurrent change got in the way; retry the request.', { cause: error })

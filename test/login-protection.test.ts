@@ -71,6 +71,20 @@ describe('sign-in throttling', () => {
   })
 })
 
+describe('guessing the current password through a session', () => {
+  const t = useTestApp(dialect, { loginMaxFailuresPerAccount: 3 })
+
+  it('is throttled like sign-in', async () => {
+    const user = await createUser(t)
+    const token = (await login(t, user.username, GOOD_PASSWORD)).json().token
+    const change = async (current: string) => await t.app.inject({
+      method: 'PUT', url: '/auth/api/me/password', headers: { authorization: `Bearer ${token}` }, payload: { current_password: current, new_password: 'a brand new passphrase' }
+    })
+    for (let i = 0; i < 3; i++) assert.equal((await change(WRONG)).statusCode, 401)
+    assert.equal((await change(GOOD_PASSWORD)).statusCode, 429)
+  })
+})
+
 describe('sign-in throttling behind a trusted proxy', () => {
   const t = useTestApp(dialect, { loginMaxFailuresPerAccount: 3, trustProxy: true })
 
@@ -100,6 +114,22 @@ describe('sign-in throttling shared through Redis', () => {
     } finally {
       await a.app.close()
       await b.app.close()
+    }
+  })
+})
+
+describe('an unreachable Redis', () => {
+  it('answers 503 dependency_unavailable, not a 500', async () => {
+    // Nothing listens on port 1.
+    const t = await createTestApp(dialect, { redisUrl: 'redis://127.0.0.1:1' })
+    try {
+      const res = await t.app.inject({ url: '/auth/api/version' })
+      assert.equal(res.statusCode, 503, res.body)
+      assert.equal(res.json().code, 'dependency_unavailable')
+      assert.ok(res.headers['retry-after'])
+      assert.equal((await t.app.inject({ url: '/auth/healthz' })).statusCode, 200)
+    } finally {
+      await t.app.close()
     }
   })
 })
@@ -182,8 +212,8 @@ describe('the sign-in page', () => {
   })
 })
 
-describe('the general request limit', () => {
-  const t = useTestApp(dialect, { rateLimitPerCredential: 5, rateLimitPerAddress: 3 })
+describe('the general request limit per credential', () => {
+  const t = useTestApp(dialect, { rateLimitPerCredential: 5, rateLimitPerAddress: 1000 })
 
   it('answers 429 problem+json with Retry-After and RateLimit headers past the per-credential limit, per credential', async () => {
     const other = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'other' } })).json().key
@@ -199,13 +229,26 @@ describe('the general request limit', () => {
     assert.match(last!.headers['content-type'] as string, /^application\/problem\+json/)
     assert.ok(Number(last!.headers['retry-after']) > 0)
     assert.equal(last!.headers['ratelimit-remaining'], '0')
-    assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(other) })).statusCode, 200, 'another key has its own budget')
+    assert.equal(last!.headers['ratelimit-limit'], '5')
+    const fresh = await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(other) })
+    assert.equal(fresh.statusCode, 200, 'another key has its own budget')
+    assert.equal(fresh.headers['ratelimit-remaining'], '4')
   })
+})
 
-  it('limits requests without a credential per address, and never the health checks', async () => {
-    for (let i = 0; i < 3; i++) assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.9' })).statusCode, 200)
-    assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.9' })).statusCode, 429)
-    for (let i = 0; i < 5; i++) assert.equal((await t.app.inject({ url: '/auth/healthz', remoteAddress: '127.0.0.9' })).statusCode, 200)
+describe('the general request limit per address', () => {
+  const t = useTestApp(dialect, { rateLimitPerCredential: 1000, rateLimitPerAddress: 3 })
+
+  it('counts every request from an address, refused ones and made-up credentials included, and never the health checks', async () => {
+    const remote = '127.0.0.9'
+    const statuses = []
+    for (let i = 0; i < 4; i++) {
+      const res = await t.app.inject({ url: '/auth/api/users', headers: { authorization: `Bearer made-up-${i}` }, remoteAddress: remote })
+      statuses.push(res.statusCode)
+    }
+    assert.deepEqual(statuses, [401, 401, 401, 429])
+    assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: remote })).statusCode, 429)
+    for (let i = 0; i < 5; i++) assert.equal((await t.app.inject({ url: '/auth/healthz', remoteAddress: remote })).statusCode, 200)
     assert.equal((await t.app.inject({ url: '/auth/api/version', remoteAddress: '127.0.0.10' })).statusCode, 200)
   })
 })

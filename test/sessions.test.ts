@@ -106,6 +106,8 @@ for (const dialect of dialects()) {
       assert.deepEqual(types.slice(0, 5), ['user.login_failed:locked', 'user.login_failed:wrong_password', 'user.locked', 'user.login_failed:wrong_password', 'user.login_failed:wrong_password'])
       assert.ok(!JSON.stringify(events).includes('not the password at all'))
       await t.app.db.updateTable('users').set({ locked_until: new Date(Date.now() - 1000).toISOString() }).where('id', '=', user.id).execute()
+      // Once the lock has run out, the count starts afresh: one more mistake does not lock again.
+      assert.equal((await login(t, user.username, 'not the password at all')).statusCode, 401)
       assert.equal((await login(t, user.username)).statusCode, 200)
     })
 
@@ -118,6 +120,20 @@ for (const dialect of dialects()) {
       assert.ok(out.cookies.some(c => c.name === 'gatehouse_session' && c.value === ''), 'the cookie is cleared')
       assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${token}` } })).statusCode, 401)
       assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { cookie: sessionCookie(res) } })).statusCode, 401)
+    })
+
+    it('purges sessions that ended or expired more than a day ago, keeping live ones', async () => {
+      const { deleteSessionsEndedBefore } = await import('../src/sessions/sessions.repository.ts')
+      const user = await createUser(t)
+      const live = (await login(t, user.username)).json()
+      const ended = (await login(t, user.username)).json()
+      const expired = (await login(t, user.username)).json()
+      const twoDaysAgo = new Date(Date.now() - 2 * 86_400_000).toISOString()
+      await t.app.db.updateTable('sessions').set({ ended_at: twoDaysAgo }).where('id', '=', ended.session_id).execute()
+      await t.app.db.updateTable('sessions').set({ expires_at: twoDaysAgo }).where('id', '=', expired.session_id).execute()
+      await deleteSessionsEndedBefore(t.app.db, new Date(Date.now() - 86_400_000).toISOString())
+      const left = await t.app.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).execute()
+      assert.deepEqual(left.map(s => s.id), [live.session_id])
     })
 
     it('ends sessions after the idle and the absolute time-out', async () => {

@@ -98,7 +98,7 @@ async function authenticate (app: FastifyInstance, secret: string): Promise<Prin
 /** Authenticates every request to a route that declares who may call it, before its body is even read. */
 export default fp(async function authPlugin (app: FastifyInstance) {
   app.decorateRequest('principal', null)
-  app.addHook('onRequest', async (request) => {
+  app.addHook('onRequest', async (request, reply) => {
     const { scope, self } = request.routeOptions.config
     if (scope === undefined) {
       // Public routes ignore credentials, but a query key must still not travel further.
@@ -112,6 +112,7 @@ export default fp(async function authPlugin (app: FastifyInstance) {
     const principal = await authenticate(app, credential.secret)
     if (principal === undefined) throw unauthenticated('The credential is unknown, expired, revoked or signed out.')
     request.principal = principal
+    await app.spendCredentialBudget?.(request, reply)
     if (credential.fromCookie && UNSAFE_METHODS.has(request.method)) assertSameOrigin(request, app.config.trustedOrigins)
     if (scope === 'signed_in' || hasScope(principal, scope)) return
     const userId = (request.params as { user_id?: string } | undefined)?.user_id

@@ -48,3 +48,11 @@ export async function endSessionsOfUser (db: Db, userId: string, at: string, exc
     .returning('id').execute()
   return rows.map(r => r.id)
 }
+
+/** Deletes sessions that ended, or expired, before `before`; their record stays in the event log. */
+export async function deleteSessionsEndedBefore (db: Db, before: string): Promise<number> {
+  const result = await db.deleteFrom('sessions')
+    .where(eb => eb.or([eb('ended_at', '<', before), eb('expires_at', '<', before)]))
+    .executeTakeFirst()
+  return Number(result.numDeletedRows)
+}

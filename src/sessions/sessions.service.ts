@@ -47,15 +47,17 @@ async function assertNotThrottled (deps: SessionsDeps, identifier: string, ip: s
   const keys = throttleKeys(identifier, ip)
   const [account, address] = await Promise.all([deps.failures.get(keys.account), deps.failures.get(keys.address)])
   const over = [
-    account.count >= deps.config.loginMaxFailuresPerAccount ? account : undefined,
-    address.count >= deps.config.loginMaxFailuresPerAddress ? address : undefined
+    account.count >= deps.config.loginMaxFailuresPerAccount ? { ...account, limit: deps.config.loginMaxFailuresPerAccount } : undefined,
+    address.count >= deps.config.loginMaxFailuresPerAddress ? { ...address, limit: deps.config.loginMaxFailuresPerAddress } : undefined
   ].filter(c => c !== undefined)
   if (over.length > 0) {
-    const retryAfter = Math.max(1, Math.ceil(Math.max(...over.map(c => c.resetMs)) / 1000))
+    // The budget that keeps the caller out longest is the one to report.
+    const binding = over.reduce((a, b) => b.resetMs > a.resetMs ? b : a)
+    const retryAfter = Math.max(1, Math.ceil(binding.resetMs / 1000))
     throw new AppError('rate_limited', 429, 'Too many failed sign-ins; wait before trying again.', {
       headers: {
         'Retry-After': String(retryAfter),
-        'RateLimit-Limit': String(deps.config.loginMaxFailuresPerAccount),
+        'RateLimit-Limit': String(binding.limit),
         'RateLimit-Remaining': '0',
         'RateLimit-Reset': String(retryAfter)
       }
@@ -97,7 +99,9 @@ export async function signIn (deps: SessionsDeps, ctx: RequestContext & { userAg
     ])
     await deps.db.transaction().execute(async trx => {
       if (user !== undefined && reason === 'wrong_password') {
-        const failed = user.failed_logins + 1
+        // A lock that has run out starts the count afresh; otherwise one more mistake would re-lock at once.
+        const lockOver = user.locked_until !== null && new Date(user.locked_until) <= now
+        const failed = (lockOver ? 0 : user.failed_logins) + 1
         const locks = failed >= deps.config.accountLockThreshold
         await trx.updateTable('users').set({
           failed_logins: failed,
@@ -198,8 +202,16 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
   }
   const user = await deps.db.selectFrom('users').selectAll().where('id', '=', principal.userId).executeTakeFirst()
   if (user === undefined) throw invalidCredentials()
+  // Guessing the current password through a stolen session is throttled like guessing it at sign-in.
+  const ip = ctx.clientIp ?? 'unknown'
+  await assertNotThrottled(deps, user.username, ip)
   const valid = await deps.passwords.verify(user.password_hash ?? deps.dummyHash, currentPassword)
   if (!valid || user.password_hash === null) {
+    const keys = throttleKeys(user.username, ip)
+    await Promise.all([
+      deps.failures.increment(keys.account, deps.config.loginFailureWindowMs),
+      deps.failures.increment(keys.address, deps.config.loginFailureWindowMs)
+    ])
     await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: user.id }, { reason: 'wrong_password', during: 'password_change' })
     throw new AppError('invalid_credentials', 401, 'The current password is not right.', {
       errors: [{ in: 'body', pointer: '/current_password', detail: 'does not match' }]

@@ -1,40 +1,71 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import rateLimit from '@fastify/rate-limit'
 import type { Redis } from 'ioredis'
 import { AppError } from '../errors.ts'
-import { SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
-import { digestOf } from '../lib/secrets.ts'
+
+const WINDOW_MS = 60_000
+
+type Limiter = (request: FastifyRequest) => Promise<{ isAllowed: boolean, max?: number, remaining?: number, ttlInSeconds?: number, isExceeded?: boolean }>
 
 /**
- * The general request limit: per credential (API key or session) when the
- * request carries one, per client address otherwise, in one-minute windows,
- * with RateLimit-* headers. Shared through Redis when configured. Sign-in has
- * its own, much stricter, failure-based throttle (sessions/failure-counter.ts).
+ * Counts one request against a limiter; answers 429 (problem+json, Retry-After,
+ * RateLimit-*) when over, and otherwise reports the budget in RateLimit-* headers.
+ */
+async function spend (limiter: Limiter, request: FastifyRequest, reply: FastifyReply, what: string): Promise<void> {
+  const result = await limiter(request)
+  if (result.isAllowed || result.max === undefined) return
+  const reset = String(result.ttlInSeconds ?? 0)
+  reply.header('RateLimit-Limit', String(result.max))
+  reply.header('RateLimit-Remaining', String(result.remaining ?? 0))
+  reply.header('RateLimit-Reset', reset)
+  if (result.isExceeded === true) {
+    throw new AppError('rate_limited', 429, `Too many requests ${what}: at most ${result.max} a minute. Retry after ${reset} s.`, {
+      headers: { 'Retry-After': String(Math.max(1, Number(reset))) }
+    })
+  }
+}
+
+/**
+ * The general request limit, in one-minute windows, shared through Redis
+ * when configured. Two budgets: one per client address for every request
+ * (so made-up credentials and refused requests count too), checked before
+ * anything else; and one per credential (API key or session, by its id),
+ * checked once the credential is known. 0 switches a budget off. Health,
+ * readiness and metrics are exempt. Sign-in has its own, much stricter,
+ * failure-based throttle (sessions/failure-counter.ts).
  */
 export default fp(async function rateLimitPlugin (app: FastifyInstance, options: { redis: Redis | undefined }) {
   const { rateLimitPerCredential, rateLimitPerAddress } = app.config
-  if (rateLimitPerCredential === 0) return
-  const credentialOf = (request: FastifyRequest): string | undefined => {
-    const header = request.headers.authorization ?? request.headers['x-api-key']
-    if (typeof header === 'string' && header !== '') return header
-    const query = (request.query as Record<string, unknown> | undefined)?.API_KEY
-    if (typeof query === 'string' && query !== '') return query
-    return request.cookies?.[SESSION_COOKIE_SECURE] ?? request.cookies?.[SESSION_COOKIE_PLAIN]
-  }
+  if (rateLimitPerCredential === 0 && rateLimitPerAddress === 0) return
   await app.register(rateLimit, {
-    global: true,
-    timeWindow: 60_000,
-    // Only a digest of the credential is kept as the key, in memory or in Redis.
-    keyGenerator: (request) => {
-      const credential = credentialOf(request)
-      return credential !== undefined ? `cred:${digestOf(credential).slice(0, 32)}` : `addr:${request.ip}`
-    },
-    max: (_request, key) => key.startsWith('cred:') ? rateLimitPerCredential : rateLimitPerAddress,
-    ...(options.redis !== undefined ? { redis: options.redis, nameSpace: 'gatehouse:rate:' } : {}),
-    enableDraftSpec: true,
-    errorResponseBuilder: (_request, context) => new AppError('rate_limited', 429,
-      `Too many requests: at most ${context.max} a minute. Slow down and retry after ${context.after}.`,
-      { headers: { 'Retry-After': String(Math.max(1, Math.ceil(context.ttl / 1000))) } })
+    global: false,
+    timeWindow: WINDOW_MS,
+    ...(options.redis !== undefined ? { redis: options.redis, nameSpace: 'gatehouse:rate:' } : {})
   })
-}, { name: 'gatehouse-rate-limit', dependencies: ['@fastify/cookie'] })
+  const exempt = (request: FastifyRequest): boolean => request.routeOptions.config.rateLimit === false
+
+  if (rateLimitPerAddress > 0) {
+    const perAddress = app.createRateLimit({ keyGenerator: (request) => `addr:${request.ip}`, max: rateLimitPerAddress, timeWindow: WINDOW_MS }) as Limiter
+    app.addHook('onRequest', async (request, reply) => {
+      if (!exempt(request)) await spend(perAddress, request, reply, 'from this address')
+    })
+  }
+  if (rateLimitPerCredential > 0) {
+    const perCredential = app.createRateLimit({
+      keyGenerator: (request) => `cred:${request.principal!.type}:${request.principal!.id}`,
+      max: rateLimitPerCredential,
+      timeWindow: WINDOW_MS
+    }) as Limiter
+    // Called by the auth plugin once it knows who is calling.
+    app.decorate('spendCredentialBudget', async (request: FastifyRequest, reply: FastifyReply) => {
+      if (request.principal !== null && !exempt(request)) await spend(perCredential, request, reply, 'with this credential')
+    })
+  }
+}, { name: 'gatehouse-rate-limit' })
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    spendCredentialBudget?: (request: FastifyRequest, reply: FastifyReply) => Promise<void>
+  }
+}

@@ -1,6 +1,7 @@
 import { sql, type Selectable, type Updateable } from 'kysely'
 import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
+import type { NewEventRow } from '../events/events.repository.ts'
 import type { ListUsersQuery, Sort } from './users.schemas.ts'
 
 export type UserRow = Selectable<UsersTable>
@@ -34,6 +35,38 @@ export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
 
 export async function insertUser (db: Db, row: NewUserRow): Promise<PublicUserRow> {
   return await db.insertInto('users').values(row).returning(PUBLIC_COLUMNS).executeTakeFirstOrThrow()
+}
+
+/** Rows per INSERT statement: well under SQLite's and PostgreSQL's limits on bound parameters. */
+const INSERT_CHUNK = 500
+
+/** Many users in as few statements as possible (an import); the caller supplies the transaction. */
+export async function insertUsers (db: Db, rows: NewUserRow[]): Promise<void> {
+  for (let i = 0; i < rows.length; i += INSERT_CHUNK) {
+    await db.insertInto('users').values(rows.slice(i, i + INSERT_CHUNK)).execute()
+  }
+}
+
+/** The events of an import, written with its users, in the same transaction. */
+export async function insertEventRows (db: Db, rows: NewEventRow[]): Promise<void> {
+  for (let i = 0; i < rows.length; i += INSERT_CHUNK) {
+    await db.insertInto('events').values(rows.slice(i, i + INSERT_CHUNK)).execute()
+  }
+}
+
+/** Which of these case-folded usernames and emails existing users already have. */
+export async function findTakenKeys (db: Db, usernameKeys: string[], emailKeys: string[]): Promise<{ usernames: Set<string>, emails: Set<string> }> {
+  const usernames = new Set<string>()
+  const emails = new Set<string>()
+  for (let i = 0; i < usernameKeys.length; i += INSERT_CHUNK) {
+    const rows = await db.selectFrom('users').select('username_key').where('username_key', 'in', usernameKeys.slice(i, i + INSERT_CHUNK)).execute()
+    for (const row of rows) usernames.add(row.username_key)
+  }
+  for (let i = 0; i < emailKeys.length; i += INSERT_CHUNK) {
+    const rows = await db.selectFrom('users').select('email_key').where('email_key', 'in', emailKeys.slice(i, i + INSERT_CHUNK)).execute()
+    for (const row of rows) if (row.email_key !== null) emails.add(row.email_key)
+  }
+  return { usernames, emails }
 }
 
 export async function findUserById (db: Db, id: string, options: { forUpdate?: boolean } = {}): Promise<UserRow | undefined> {

@@ -5,12 +5,26 @@ import { requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
 import { setNextLink } from '../lib/paging.ts'
 import { FAMILIES, problems, ref, SECURITY } from '../lib/openapi.ts'
-import { IfMatchHeaders, ListUsersQuery, User, UserCreate, UserIdParams, UserPatch } from './users.schemas.ts'
+import {
+  IfMatchHeaders,
+  ListUsersQuery,
+  User,
+  UserCreate,
+  UserIdParams,
+  UserImport,
+  UserImportItem,
+  UserImportItemResult,
+  UserImportProblem,
+  UserImportResult,
+  UserPatch
+} from './users.schemas.ts'
+import { PROBLEM_TYPE_PREFIX } from '../errors.ts'
 import {
   createUser,
   deleteUserById,
   etagOf,
   getUser,
+  importUsers,
   listUsersPage,
   streamUsersJson,
   updateUserById,
@@ -19,6 +33,9 @@ import {
 
 const CREATE_TYPES = ['application/json', 'application/x-www-form-urlencoded', 'multipart/form-data']
 const PATCH_TYPES = ['application/merge-patch+json', 'application/json']
+const IMPORT_TYPES = ['application/json']
+/** 1000 users with hashes and names take some 300 KiB; the general body limit stays small for every other operation. */
+const IMPORT_BODY_LIMIT = 4 * 1024 * 1024
 
 export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
   const deps: UsersDeps = {
@@ -28,6 +45,44 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
   }
   const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)
+  for (const schema of [UserImportItem, UserImport, UserImportItemResult, UserImportResult, UserImportProblem]) app.addSchema(schema)
+
+  // Only in the current family: 3.6.1 had no import, so it gets no legacy alias.
+  app.post('/api/users/import', {
+    schema: {
+      tags: ['default'],
+      security: SECURITY,
+      operationId: 'import_users',
+      summary: 'Import Users',
+      description: 'Admins only. Creates up to 1000 users in one request, for moving users from another system: each item is a UserCreate ' +
+        'that may carry `password_hash`, an existing PHC hash (argon2, bcrypt or scrypt, with bounded parameters), instead of `password`. ' +
+        'Hashes are checked, never recomputed, and replaced by argon2id at the user\'s next sign-in. ' +
+        'Each item gets a result (`created` with its `id`, or `error` with a `code`); one `user.created` event is written per created user. ' +
+        'With `atomic: true` (the default) any failing item means nothing is created and the answer is 422 `import_failed` with the report. ' +
+        'A body that does not match the schema is refused as a whole (422 `validation_failed`, pointers name the items).',
+      consumes: IMPORT_TYPES,
+      body: ref(UserImport),
+      response: {
+        200: { ...ref(UserImportResult), description: 'The import was applied; `results` says what became of each item.' },
+        ...problems(401, 403, 409, 413, 415, 503),
+        422: { ...ref(UserImportProblem), description: 'An atomic import failed on some item (`import_failed`, nothing created, with `results`), or the body does not match the schema.' }
+      }
+    },
+    bodyLimit: Math.max(app.config.bodyLimitBytes, IMPORT_BODY_LIMIT),
+    config: { scope: 'admin', accepts: IMPORT_TYPES }
+  }, async (request, reply) => {
+    const { status, ...report } = await importUsers(deps, request.principal!, requestContext(request), request.body)
+    if (status === 200) return await reply.send(report)
+    return await reply.code(422).type('application/problem+json; charset=utf-8').send({
+      type: PROBLEM_TYPE_PREFIX + 'import_failed',
+      title: 'Unprocessable Entity',
+      status: 422,
+      detail: `Nothing was imported: ${report.failed} of ${report.results.length} items failed (see results).`,
+      code: 'import_failed',
+      request_id: request.id,
+      ...report
+    })
+  })
 
   for (const family of FAMILIES) {
     const base = `${family.prefix}/users`

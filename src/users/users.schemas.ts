@@ -1,5 +1,5 @@
 import { Type, type Static } from 'typebox'
-import { Nullable } from '../lib/openapi.ts'
+import { Nullable, Problem, ref } from '../lib/openapi.ts'
 
 /** Letters, digits and . _ @ -; ASCII so case-folding means the same in every database and client. */
 export const USERNAME_PATTERN = '^[A-Za-z0-9._@-]{1,64}$'
@@ -98,4 +98,74 @@ export type UserIdParams = Static<typeof UserIdParams>
 
 export const IfMatchHeaders = Type.Object({
   'if-match': Type.Optional(Type.String({ maxLength: 256, description: 'The `ETag` you read; the change is refused with 412 if the user changed since.' }))
+})
+
+/** The most users one import request takes; the CLI sends bigger files in batches of this size. */
+export const IMPORT_MAX_USERS = 1000
+
+const PasswordHash = Type.String({
+  minLength: 1,
+  maxLength: 512,
+  writeOnly: true,
+  description: 'An existing hash, as a PHC string: `$argon2id$`/`$argon2i$`/`$argon2d$` (v=19, m ≤ 1048576 KiB, t ≤ 10, p ≤ 16), ' +
+    'bcrypt `$2a$`/`$2b$`/`$2y$` (cost 4 to 15), or `$scrypt$ln=<log2 N>,r=<r>,p=<p>$<salt>$<hash>` (base64, N ≤ 2^17, r ≤ 32, p ≤ 16). ' +
+    'Stored as given and replaced by an argon2id hash at the user\'s next sign-in.',
+  examples: ['$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW']
+})
+
+export const UserImportItem = Type.Object({
+  ...UserCreate.properties,
+  password_hash: Type.Optional(PasswordHash)
+}, {
+  $id: 'UserImportItem',
+  additionalProperties: false,
+  description: 'A user to import: the fields of UserCreate, with either `password` (hashed here, the password rules apply) or `password_hash` (an existing hash, checked but never recomputed), or neither.'
+})
+export type UserImportItem = Static<typeof UserImportItem>
+
+export const UserImport = Type.Object({
+  users: Type.Array(ref(UserImportItem), { minItems: 1, maxItems: IMPORT_MAX_USERS, description: `1 to ${IMPORT_MAX_USERS} users.` }),
+  atomic: Type.Optional(Type.Boolean({
+    default: true,
+    description: '`true` (default): all or nothing; if any item fails, nothing is created and the answer is 422 with the per-item report. ' +
+      '`false`: every valid item is created and the failures are reported.'
+  }))
+}, { $id: 'UserImport', additionalProperties: false, description: 'A batch of users to create, for moving users from another system.' })
+export type UserImport = Static<typeof UserImport>
+
+export const UserImportItemResult = Type.Object({
+  index: Type.Integer({ minimum: 0, description: 'Position of the item in `users`, from 0.' }),
+  username: Type.String(),
+  status: Type.Union([Type.Literal('created'), Type.Literal('error'), Type.Literal('not_created')], {
+    description: '`created`; `error` (see `code` and `detail`); or `not_created`: valid, but the atomic import failed on another item.'
+  }),
+  id: Type.Optional(Type.String({ format: 'uuid', description: 'The new user\'s id, when created.' })),
+  code: Type.Optional(Type.String({ description: 'The error code (docs/errors.md), when `status` is `error`.', examples: ['password_hash_out_of_bounds'] })),
+  detail: Type.Optional(Type.String({ description: 'What is wrong with the item, for a person.' }))
+}, { $id: 'UserImportItemResult', additionalProperties: false, description: 'What became of one item of an import.' })
+export type UserImportItemResult = Static<typeof UserImportItemResult>
+
+const ImportCounts = {
+  atomic: Type.Boolean(),
+  created: Type.Integer({ minimum: 0, description: 'Users created.' }),
+  failed: Type.Integer({ minimum: 0, description: 'Items with `status: error`.' }),
+  results: Type.Array(ref(UserImportItemResult), { description: 'One per item, in the order sent.' })
+}
+
+export const UserImportResult = Type.Object(ImportCounts, {
+  $id: 'UserImportResult',
+  additionalProperties: false,
+  description: 'The per-item report of an import that was applied (with `atomic: false`, some items may have failed).'
+})
+export type UserImportResult = Static<typeof UserImportResult>
+
+export const UserImportProblem = Type.Object({
+  ...Problem.properties,
+  atomic: Type.Optional(ImportCounts.atomic),
+  created: Type.Optional(ImportCounts.created),
+  failed: Type.Optional(ImportCounts.failed),
+  results: Type.Optional(ImportCounts.results)
+}, {
+  $id: 'UserImportProblem',
+  description: 'A Problem; for an atomic import that failed on some item (code `import_failed`, nothing was created) it also carries the per-item report.'
 })

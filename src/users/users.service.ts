@@ -1,26 +1,30 @@
 import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
-import { AppError } from '../errors.ts'
+import { AppError, type ErrorCode } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
-import type { PasswordHasher } from '../lib/passwords.ts'
+import { checkImportedHash, type ImportedHashScheme, type PasswordHasher } from '../lib/passwords.ts'
 import { checkPasswordPolicy, type PasswordPolicy } from '../lib/password-policy.ts'
 import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
 import { endSessionsRecorded } from '../sessions/sessions.service.ts'
 import {
   deleteUser,
   findPublicUserById,
+  findTakenKeys,
   findUserById,
+  insertEventRows,
   insertUser,
+  insertUsers,
   listUsersJson,
   lockEnabledAdminIds,
   updateUser,
+  type NewUserRow,
   type PublicUserRow,
   type UserFilter,
   type UserRowUpdate
 } from './users.repository.ts'
-import type { Sort, User, UserCreate, UserPatch } from './users.schemas.ts'
+import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
 
 export interface UsersDeps {
   db: Db
@@ -265,4 +269,163 @@ async function hashChecked (deps: UsersDeps, password: string, username: string)
 function withoutTimestamps (user: User): Record<string, unknown> {
   const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...rest } = user
   return rest
+}
+
+export interface ImportOutcome {
+  /** 200 when applied; 422 when an atomic import failed on some item and created nothing. */
+  status: 200 | 422
+  atomic: boolean
+  created: number
+  failed: number
+  results: UserImportItemResult[]
+}
+
+interface ImportPlan {
+  index: number
+  result: UserImportItemResult
+  row?: NewUserRow
+  password?: string
+  scheme?: ImportedHashScheme
+}
+
+/**
+ * Creates a batch of users, some with existing password hashes (admins only).
+ * Every item is checked first, cheaply: hash formats and bounds are parsed,
+ * never computed; the password rules, and uniqueness within the batch and
+ * against existing users. An atomic import with any failure stops there,
+ * before hashing anything. Plaintext passwords are then hashed (at most as
+ * many at once as the hasher runs), and the users and their `user.created`
+ * events are written in one transaction.
+ */
+export async function importUsers (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserImport): Promise<ImportOutcome> {
+  if (!isAdmin(principal)) throw new AppError('forbidden', 403, 'Importing users is for admins.')
+  const atomic = input.atomic ?? true
+  const now = nowIso()
+  const fail = (plan: ImportPlan, code: ErrorCode, detail: string): void => {
+    plan.result.status = 'error'
+    plan.result.code = code
+    plan.result.detail = detail
+    delete plan.row
+    delete plan.password
+  }
+  const seenNames = new Map<string, number>()
+  const seenEmails = new Map<string, number>()
+  const plans: ImportPlan[] = input.users.map((item, index) => {
+    const plan: ImportPlan = { index, result: { index, username: item.username, status: 'not_created' } }
+    const usernameKey = item.username.toLowerCase()
+    const email = item.email ?? null
+    const emailKey = email?.toLowerCase() ?? null
+    let passwordHash: string | null = null
+    if (item.password !== undefined && item.password_hash !== undefined) {
+      fail(plan, 'validation_failed', 'Give password or password_hash, not both.')
+      return plan
+    }
+    if (item.password_hash !== undefined) {
+      const checked = checkImportedHash(item.password_hash)
+      if (!checked.ok) {
+        fail(plan, checked.code, checked.detail)
+        return plan
+      }
+      passwordHash = item.password_hash
+      plan.scheme = checked.scheme
+    } else if (item.password !== undefined) {
+      try {
+        checkPasswordPolicy(item.password, item.username, deps.passwordPolicy)
+      } catch (error) {
+        if (!(error instanceof AppError)) throw error
+        fail(plan, error.code, error.detail)
+        return plan
+      }
+      plan.password = item.password
+    }
+    const sameName = seenNames.get(usernameKey)
+    const sameEmail = emailKey !== null ? seenEmails.get(emailKey) : undefined
+    if (!seenNames.has(usernameKey)) seenNames.set(usernameKey, index)
+    if (emailKey !== null && !seenEmails.has(emailKey)) seenEmails.set(emailKey, index)
+    if (sameName !== undefined) {
+      fail(plan, 'username_taken', `The username repeats item ${sameName} of this import (usernames are unique ignoring case).`)
+      return plan
+    }
+    if (sameEmail !== undefined) {
+      fail(plan, 'email_taken', `The email repeats item ${sameEmail} of this import (addresses are unique ignoring case).`)
+      return plan
+    }
+    plan.row = {
+      id: newId(),
+      username: item.username,
+      username_key: usernameKey,
+      email,
+      email_key: emailKey,
+      first_name: item.first_name ?? null,
+      last_name: item.last_name ?? null,
+      role: item.role ?? 'user',
+      groups: JSON.stringify(item.groups ?? []),
+      disabled: item.disabled ?? false,
+      password_hash: passwordHash,
+      version: 1,
+      created_at: now,
+      updated_at: now,
+      last_login_at: null,
+      password_changed_at: passwordHash !== null || plan.password !== undefined ? now : null
+    }
+    return plan
+  })
+
+  const checkTaken = async (db: Db): Promise<void> => {
+    const pending = plans.filter(p => p.row !== undefined)
+    const taken = await findTakenKeys(db, pending.map(p => p.row!.username_key), pending.flatMap(p => p.row!.email_key ?? []))
+    for (const plan of pending) {
+      if (taken.usernames.has(plan.row!.username_key)) fail(plan, 'username_taken', 'A user with that username already exists (usernames are unique ignoring case).')
+      else if (plan.row!.email_key !== null && taken.emails.has(plan.row!.email_key)) fail(plan, 'email_taken', 'A user with that email address already exists (addresses are unique ignoring case).')
+    }
+  }
+  const outcome = (status: 200 | 422): ImportOutcome => {
+    const results = plans.map(p => p.result)
+    return { status, atomic, created: results.filter(r => r.status === 'created').length, failed: results.filter(r => r.status === 'error').length, results }
+  }
+  const anyFailed = (): boolean => plans.some(p => p.result.status === 'error')
+
+  // Checked before hashing, so a batch that fails costs no hashing; checked again below, in the transaction.
+  await checkTaken(deps.db)
+  if (atomic && anyFailed()) return outcome(422)
+
+  const toHash = plans.filter(p => p.row !== undefined && p.password !== undefined)
+  let next = 0
+  await Promise.all(Array.from({ length: Math.min(deps.passwords.concurrency, toHash.length) }, async () => {
+    while (next < toHash.length) {
+      const plan = toHash[next++]!
+      plan.row!.password_hash = await deps.passwords.hash(plan.password!)
+      delete plan.password
+    }
+  }))
+
+  await deps.db.transaction().execute(async trx => {
+    await checkTaken(trx)
+    if (atomic && anyFailed()) return
+    const creating = plans.filter(p => p.row !== undefined)
+    await insertUsers(trx, creating.map(p => p.row!))
+    await insertEventRows(trx, creating.map(plan => {
+      const user = toUser({ ...plan.row!, groups: plan.row!.groups })
+      const data: Record<string, unknown> = { ...withoutTimestamps(user) }
+      if (plan.row!.password_hash !== null) data.password = REDACTED
+      if (plan.scheme !== undefined) data.imported_hash_scheme = plan.scheme
+      return {
+        id: newId(),
+        type: 'user.created',
+        occurred_at: now,
+        actor_type: ctx.actorType,
+        actor_id: ctx.actorId,
+        target_type: 'user',
+        target_id: user.id,
+        request_id: ctx.requestId,
+        client_ip: ctx.clientIp,
+        data: JSON.stringify(data)
+      }
+    }))
+    for (const plan of creating) {
+      plan.result.status = 'created'
+      plan.result.id = plan.row!.id
+    }
+  })
+  return outcome(atomic && anyFailed() ? 422 : 200)
 }
