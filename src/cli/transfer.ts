@@ -5,7 +5,8 @@ import type { Readable, Writable } from 'node:stream'
 import type { Command } from 'commander'
 import { parse } from 'csv-parse'
 import pLimit from 'p-limit'
-import { ApiClient, ApiError, type ApiUser } from './http.ts'
+import { checkImportedHash } from '../lib/passwords.ts'
+import { ApiClient, ApiError } from './http.ts'
 import { CliError, printJson, printLine, UsageError } from './output.ts'
 import { addFilterOptions, filterQuery, type FilterOptions } from './filters.ts'
 
@@ -79,13 +80,81 @@ export function toCreateBody (record: unknown, userCreateProblems: (value: unkno
   const body: Record<string, unknown> = {}
   for (const [key, value] of Object.entries(record)) {
     if (SERVER_FIELDS.has(key)) continue
-    if (key === 'password' || key === 'password_hash') {
-      return { error: `the "${key}" field is not imported: passwords and password hashes cannot be imported yet; set passwords with "gatehouse users update USER --password-prompt"` }
-    }
     body[key] = value
   }
-  const problems = userCreateProblems(body)
+  // The UserCreate schema judges the rest; the password fields are checked here, as the import operation checks them.
+  const { password, password_hash: passwordHash, ...rest } = body
+  const problems = userCreateProblems(rest)
+  if (password !== undefined && passwordHash !== undefined) problems.push('give password or password_hash, not both')
+  if (password !== undefined && (typeof password !== 'string' || password.length < 1 || password.length > 1024)) {
+    problems.push('/password: must be a string of 1 to 1024 characters')
+  }
+  if (passwordHash !== undefined) {
+    if (typeof passwordHash !== 'string') problems.push('/password_hash: must be a string')
+    else {
+      const checked = checkImportedHash(passwordHash)
+      if (!checked.ok) problems.push(`/password_hash: ${checked.detail} (${checked.code})`)
+    }
+  }
   return problems.length > 0 ? { error: problems.join('; ') } : { body }
+}
+
+/** What the import operation answers, with 200 or (atomic, nothing created) 422. */
+interface ImportReport {
+  results: Array<{ index: number, status: 'created' | 'error' | 'not_created', id?: string, code?: string, detail?: string }>
+}
+
+/**
+ * POST /api/users/import. Unlike ApiClient.request, a 422 `import_failed`
+ * is not an error here: its body carries the per-item report.
+ */
+async function postImport (client: ApiClient, users: Array<Record<string, unknown>>, atomic: boolean): Promise<ImportReport & { applied: boolean }> {
+  let response: Response
+  try {
+    response = await fetch(`${client.baseUrl}/api/users/import`, {
+      method: 'POST',
+      headers: { 'x-api-key': process.env.GATEHOUSE_API_KEY ?? '', 'content-type': 'application/json', accept: 'application/json, application/problem+json' },
+      body: JSON.stringify({ users, atomic })
+    })
+  } catch (error) {
+    const cause = (error as { cause?: { code?: string, message?: string } }).cause
+    throw new CliError(`cannot reach ${client.baseUrl}: ${cause?.code ?? cause?.message ?? (error as Error).message}`)
+  }
+  const text = await response.text()
+  let body: (ImportReport & { code?: string, detail?: string }) | undefined
+  try {
+    body = text !== '' ? JSON.parse(text) : undefined
+  } catch {
+    throw new CliError(`POST ${client.baseUrl}/api/users/import answered ${response.status} with malformed JSON`)
+  }
+  if (response.ok && body !== undefined) return { ...body, applied: true }
+  if (response.status === 422 && body?.code === 'import_failed' && Array.isArray(body.results)) return { ...body, applied: false }
+  throw new ApiError(response.status, body, response.statusText)
+}
+
+/** Rows per request: at most what one import request takes, and a body well inside its 4 MiB limit. */
+const BATCH_ROWS = 1000
+const BATCH_BYTES = 3 * 1024 * 1024
+
+function * batches (rows: ImportRow[], maxRows: number): Generator<ImportRow[]> {
+  let batch: ImportRow[] = []
+  let bytes = 0
+  for (const row of rows) {
+    const size = JSON.stringify(row.body).length + 1
+    if (batch.length > 0 && (batch.length >= maxRows || bytes + size > BATCH_BYTES)) {
+      yield batch
+      batch = []
+      bytes = 0
+    }
+    batch.push(row)
+    bytes += size
+  }
+  if (batch.length > 0) yield batch
+}
+
+function batchSize (value: string): number {
+  if (!/^\d+$/.test(value) || Number(value) < 1 || Number(value) > BATCH_ROWS) throw new UsageError(`--batch-size takes a whole number from 1 to ${BATCH_ROWS}`)
+  return Number(value)
 }
 
 function formatOf (file: string, given: string | undefined): 'csv' | 'jsonl' {
@@ -138,13 +207,14 @@ export function registerTransfer (users: Command): void {
     })
 
   users.command('import')
-    .description('create users from a CSV or JSON Lines file; all or nothing unless --continue-on-error')
+    .description('create users, with passwords or existing password hashes, from a CSV or JSON Lines file; all or nothing unless --continue-on-error')
     .argument('<file>', 'a .csv or .jsonl file, or - for standard input (then give --format)')
     .option('--format <format>', 'csv or jsonl (default: from the file name)')
     .option('--dry-run', 'check every row, against the service too, and create nothing')
     .option('--continue-on-error', 'create the valid rows even if others fail (default: any failure creates nothing)')
+    .option('--batch-size <n>', `rows per request to the import operation, 1 to ${BATCH_ROWS} (default ${BATCH_ROWS})`, batchSize)
     .option('--json', 'print the per-row report as JSON')
-    .action(async (file: string, options: { format?: string, dryRun?: boolean, continueOnError?: boolean, json?: boolean }) => {
+    .action(async (file: string, options: { format?: string, dryRun?: boolean, continueOnError?: boolean, batchSize?: number, json?: boolean }) => {
       const format = formatOf(file, options.format)
       const client = ApiClient.fromEnv()
       const { userCreateProblems } = await import('./validate.ts')
@@ -194,26 +264,40 @@ export function registerTransfer (users: Command): void {
       if (options.dryRun !== true && (invalid === 0 || options.continueOnError === true)) {
         const pending = rows.filter(r => r.status === 'valid')
         const progress = new Progress('importing', pending.length)
-        const limit = pLimit(IN_FLIGHT)
+        const atomic = options.continueOnError !== true
         let done = 0
-        await Promise.all(pending.map(async row => await limit(async () => {
-          if (aborted) return
+        for (const batch of batches(pending, options.batchSize ?? BATCH_ROWS)) {
+          if (aborted) break
           try {
-            const user = (await client.request<ApiUser>('POST', '/api/users', { body: row.body })).body
-            row.status = 'created'
-            row.id = user.id
+            const report = await postImport(client, batch.map(r => r.body!), atomic)
+            for (const result of report.results) {
+              const row = batch[result.index]
+              if (row === undefined) continue
+              if (result.status === 'created' && result.id !== undefined) {
+                row.status = 'created'
+                row.id = result.id
+              } else if (result.status === 'error') {
+                row.status = 'failed'
+                row.error = `${result.detail ?? 'refused'}${result.code !== undefined ? ` (${result.code})` : ''}`
+              }
+            }
+            if (!report.applied) aborted = true
           } catch (error) {
             if (!(error instanceof ApiError)) throw error
-            row.status = 'failed'
-            row.error = error.message
-            if (options.continueOnError !== true) aborted = true
+            // The service refused the whole batch (no admin scope, busy, a conflict with a concurrent change): every row of it failed.
+            for (const row of batch) {
+              row.status = 'failed'
+              row.error = error.message
+            }
+            if (atomic) aborted = true
           }
-          progress.tick(++done)
-        })))
+          done += batch.length
+          progress.tick(done)
+        }
         if (aborted) {
-          // All or nothing: what this run created is deleted again.
-          for (const row of rows) {
-            if (row.status !== 'created') continue
+          // All or nothing: what earlier batches of this run created is deleted again.
+          const limit = pLimit(IN_FLIGHT)
+          await Promise.all(rows.filter(r => r.status === 'created').map(async row => await limit(async () => {
             try {
               await client.request('DELETE', `/api/users/${row.id!}`)
               row.status = 'rolled_back'
@@ -221,7 +305,7 @@ export function registerTransfer (users: Command): void {
             } catch (error) {
               row.error = `created, and could not be deleted again: ${(error as Error).message}`
             }
-          }
+          })))
         }
       }
       for (const row of rows) {

@@ -188,7 +188,7 @@ export function checkImportedHash (passwordHash: string): ImportedHashCheck {
   const max = IMPORT_HASH_LIMITS
   if (passwordHash.startsWith('$argon2')) {
     const match = ARGON2.exec(passwordHash)
-    if (match === null) return unsupported(`not an argon2 PHC string; expected $argon2id$v=19$m=<KiB>,t=<passes>,p=<lanes>$<salt>$<hash>`)
+    if (match === null) return unsupported('not an argon2 PHC string; expected $argon2id$v=19$m=<KiB>,t=<passes>,p=<lanes>$<salt>$<hash>')
     const [, scheme, v, m, t, p] = match
     if (v !== '19') return unsupported('only argon2 version 19 (v=19) is accepted')
     const [memory, time, lanes] = [Number(m), Number(t), Number(p)]

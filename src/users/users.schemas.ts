@@ -1,5 +1,5 @@
 import { Type, type Static } from 'typebox'
-import { Nullable, Problem, ref } from '../lib/openapi.ts'
+import { Nullable, ref } from '../lib/openapi.ts'
 
 /** Letters, digits and . _ @ -; ASCII so case-folding means the same in every database and client. */
 export const USERNAME_PATTERN = '^[A-Za-z0-9._@-]{1,64}$'
@@ -158,14 +158,3 @@ export const UserImportResult = Type.Object(ImportCounts, {
   description: 'The per-item report of an import that was applied (with `atomic: false`, some items may have failed).'
 })
 export type UserImportResult = Static<typeof UserImportResult>
-
-export const UserImportProblem = Type.Object({
-  ...Problem.properties,
-  atomic: Type.Optional(ImportCounts.atomic),
-  created: Type.Optional(ImportCounts.created),
-  failed: Type.Optional(ImportCounts.failed),
-  results: Type.Optional(ImportCounts.results)
-}, {
-  $id: 'UserImportProblem',
-  description: 'A Problem; for an atomic import that failed on some item (code `import_failed`, nothing was created) it also carries the per-item report.'
-})
