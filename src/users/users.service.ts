@@ -52,6 +52,29 @@ export function toUser (row: PublicUserRow): User {
   }
 }
 
+/** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
+function newUserRow (input: Omit<UserCreate, 'password'>, passwordHash: string | null, hasPassword: boolean, now: string): NewUserRow {
+  const email = input.email ?? null
+  return {
+    id: newId(),
+    username: input.username,
+    username_key: input.username.toLowerCase(),
+    email,
+    email_key: email?.toLowerCase() ?? null,
+    first_name: input.first_name ?? null,
+    last_name: input.last_name ?? null,
+    role: input.role ?? 'user',
+    groups: JSON.stringify(input.groups ?? []),
+    disabled: input.disabled ?? false,
+    password_hash: passwordHash,
+    version: 1,
+    created_at: now,
+    updated_at: now,
+    last_login_at: null,
+    password_changed_at: hasPassword ? now : null
+  }
+}
+
 export function etagOf (version: number): string {
   return `"${version}"`
 }
@@ -97,26 +120,8 @@ export async function createUser (deps: UsersDeps, principal: Principal, ctx: Re
   assertMayManage(principal, undefined, input.role)
   const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
   const now = nowIso()
-  const email = input.email ?? null
   const row = await deps.db.transaction().execute(async trx => {
-    const inserted = await insertUser(trx, {
-      id: newId(),
-      username: input.username,
-      username_key: input.username.toLowerCase(),
-      email,
-      email_key: email?.toLowerCase() ?? null,
-      first_name: input.first_name ?? null,
-      last_name: input.last_name ?? null,
-      role: input.role ?? 'user',
-      groups: JSON.stringify(input.groups ?? []),
-      disabled: input.disabled ?? false,
-      password_hash: passwordHash,
-      version: 1,
-      created_at: now,
-      updated_at: now,
-      last_login_at: null,
-      password_changed_at: passwordHash !== null ? now : null
-    })
+    const inserted = await insertUser(trx, newUserRow(input, passwordHash, passwordHash !== null, now))
     const user = toUser(inserted)
     await recordEvent(trx, ctx, 'user.created', { type: 'user', id: user.id }, {
       ...withoutTimestamps(user),
@@ -350,24 +355,7 @@ export async function importUsers (deps: UsersDeps, principal: Principal, ctx: R
       fail(plan, 'email_taken', `The email repeats item ${sameEmail} of this import (addresses are unique ignoring case).`)
       return plan
     }
-    plan.row = {
-      id: newId(),
-      username: item.username,
-      username_key: usernameKey,
-      email,
-      email_key: emailKey,
-      first_name: item.first_name ?? null,
-      last_name: item.last_name ?? null,
-      role: item.role ?? 'user',
-      groups: JSON.stringify(item.groups ?? []),
-      disabled: item.disabled ?? false,
-      password_hash: passwordHash,
-      version: 1,
-      created_at: now,
-      updated_at: now,
-      last_login_at: null,
-      password_changed_at: passwordHash !== null || plan.password !== undefined ? now : null
-    }
+    plan.row = newUserRow(item, passwordHash, passwordHash !== null || plan.password !== undefined, now)
     return plan
   })
 
