@@ -177,7 +177,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('onSend', async (request, reply, payload) => {
     reply.header('Cache-Control', 'no-store')
     reply.header('X-Content-Type-Options', 'nosniff')
-    reply.header('Referrer-Policy', 'no-referrer')
+    // Pages with forms set their own (see sessions/login-page.ts); everything else sends no Referer at all.
+    if (!reply.hasHeader('Referrer-Policy')) reply.header('Referrer-Policy', 'no-referrer')
     if (request.routeOptions.config.legacy === true) {
       const path = request.url.split('?')[0]!
       reply.header('Deprecation', `@${Math.floor(DEPRECATED_AT.getTime() / 1000)}`)

@@ -100,7 +100,8 @@ const DEFAULTS: Config = {
   redisUrl: undefined,
   trustedOrigins: [],
   rateLimitPerCredential: 60_000,
-  rateLimitPerAddress: 6_000
+  // Every request from an address counts, so one NAT or an untrusted proxy in front carries a whole office's UI traffic.
+  rateLimitPerAddress: 60_000
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */

@@ -156,6 +156,8 @@ describe('the sign-in page', () => {
     assert.ok(!/(src|href)=/.test(res.body), 'no external scripts, styles or images')
     assert.match(res.headers['content-security-policy'] as string, /default-src 'none'/)
     assert.match(res.headers['content-security-policy'] as string, /frame-ancestors 'none'/)
+    // With no-referrer, browsers send "Origin: null" on the form's post and the CSRF check refuses it.
+    assert.equal(res.headers['referrer-policy'], 'same-origin')
   })
 
   it('signs in and returns the browser to a same-origin next path', async () => {

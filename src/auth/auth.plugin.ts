@@ -69,7 +69,8 @@ function takeCredential (request: FastifyRequest, allowQuery: boolean): Credenti
 export function assertSameOrigin (request: FastifyRequest, trustedOrigins: readonly string[]): void {
   const origin = request.headers.origin
   const own = `${request.protocol}://${request.host}`
-  if (origin !== undefined) {
+  // "null" is what a browser sends when a page's referrer policy hides the origin; then only Sec-Fetch-Site can vouch.
+  if (origin !== undefined && origin !== 'null') {
     if (origin === own || trustedOrigins.includes(origin)) return
   } else if (request.headers['sec-fetch-site'] === 'same-origin') {
     return

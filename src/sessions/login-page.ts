@@ -65,6 +65,10 @@ function sendPage (reply: FastifyReply, status: number, html: string): FastifyRe
   return reply.code(status)
     .header('Content-Security-Policy', CSP)
     .header('X-Frame-Options', 'DENY')
+    // Not no-referrer: under that policy browsers send "Origin: null" with the form's POST, even to
+    // this origin, and assertSameOrigin refuses every sign-in. same-origin keeps the Referer off
+    // other sites and the real Origin on our own form posts.
+    .header('Referrer-Policy', 'same-origin')
     .type('text/html; charset=utf-8')
     .send(html)
 }

@@ -1,0 +1,301 @@
+import { strict as assert } from 'node:assert'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { existsSync, readFileSync } from 'node:fs'
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { createServer, type IncomingHttpHeaders, type Server } from 'node:http'
+import { createServer as createNetServer, type AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { test } from 'node:test'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { chromium, type BrowserContext } from 'playwright-core'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+
+const NGINX = '/usr/sbin/nginx'
+const CHROMIUM = '/usr/bin/chromium'
+const DOC = new URL('../docs/nginx.md', import.meta.url)
+const IDENTITY_HEADERS = ['X-Auth-User-Id', 'X-Auth-Username', 'X-Auth-Role', 'X-Auth-Groups', 'X-Auth-Credential']
+// The gate is the subject here, not the database: SQLite is enough.
+const dialect = dialects()[0]!
+
+/** The server-level lines of docs/nginx.md's example, between its `# >>> gatehouse gate` and `# <<< gatehouse gate` markers. */
+function documentedGate (): string {
+  const match = /^[ \t]*# >>> gatehouse gate\n([\s\S]*?)^[ \t]*# <<< gatehouse gate$/m.exec(readFileSync(DOC, 'utf8'))
+  assert.ok(match !== null, 'docs/nginx.md marks its gate configuration with lines "# >>> gatehouse gate" and "# <<< gatehouse gate"')
+  return match[1]!
+}
+
+async function freePort (): Promise<number> {
+  return await new Promise((resolve, reject) => {
+    const server = createNetServer()
+    server.once('error', reject)
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as AddressInfo
+      server.close(() => resolve(port))
+    })
+  })
+}
+
+function escapeHtml (text: string): string {
+  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
+}
+
+interface Hit { method: string, url: string, headers: IncomingHttpHeaders }
+
+/** The stand-in for the web UI: a page that shows the X-Auth-* headers it was sent, and a record of every request that reached it. */
+function startUpstream (hits: Hit[]): Promise<Server> {
+  const server = createServer((req, res) => {
+    hits.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers })
+    req.resume()
+    const rows = IDENTITY_HEADERS.map(name => {
+      const value = req.headers[name.toLowerCase()]
+      return `<dt>${name}</dt><dd id="${name.toLowerCase()}">${escapeHtml(typeof value === 'string' ? value : '')}</dd>`
+    })
+    res.writeHead(200, { 'content-type': 'text/html; charset=utf-8' })
+    // The data: icon keeps Chromium from asking for /favicon.ico, so every hit is one the test made.
+    res.end('<!doctype html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>Pipelines</title></head>' +
+      `<body><h1>Pipelines</h1><dl>${rows.join('')}</dl></body></html>`)
+  })
+  return new Promise((resolve, reject) => {
+    server.once('error', reject)
+    server.listen(0, '127.0.0.1', () => resolve(server))
+  })
+}
+
+function nginxConf (dir: string, port: number, gatehousePort: number, upstreamPort: number): string {
+  const path = (name: string): string => JSON.stringify(join(dir, name))
+  return `${process.getuid?.() === 0 ? 'user root;\n' : ''}daemon off;
+master_process off;
+worker_processes 1;
+pid ${path('nginx.pid')};
+error_log ${path('error.log')} notice;
+events { worker_connections 128; }
+http {
+  access_log off;
+  client_body_temp_path ${path('client_body')};
+  proxy_temp_path ${path('proxy')};
+  fastcgi_temp_path ${path('fastcgi')};
+  uwsgi_temp_path ${path('uwsgi')};
+  scgi_temp_path ${path('scgi')};
+  upstream gatehouse { server 127.0.0.1:${gatehousePort}; }
+  upstream webui { server 127.0.0.1:${upstreamPort}; }
+  server {
+    listen 127.0.0.1:${port};
+    server_name localhost;
+${documentedGate()}
+  }
+}
+`
+}
+
+async function errorLog (dir: string): Promise<string> {
+  try {
+    return (await readFile(join(dir, 'error.log'), 'utf8')).trimEnd().split('\n').slice(-20).join('\n')
+  } catch {
+    return '(no error.log)'
+  }
+}
+
+/** Starts nginx in the foreground and waits until it proxies to gatehouse. */
+async function startNginx (dir: string, gate: string): Promise<{ proc: ChildProcess, exited: Promise<void> }> {
+  const conf = join(dir, 'nginx.conf')
+  const proc = spawn(NGINX, ['-p', `${dir}/`, '-c', conf, '-e', join(dir, 'error.log')], { stdio: ['ignore', 'ignore', 'pipe'] })
+  let stderr = ''
+  proc.stderr!.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
+  const exited = new Promise<void>(resolve => {
+    proc.once('exit', () => resolve())
+    proc.once('error', () => resolve())
+  })
+  const deadline = Date.now() + 15_000
+  while (Date.now() < deadline) {
+    if (proc.exitCode !== null || proc.signalCode !== null) {
+      throw new Error(`nginx exited (${proc.exitCode ?? proc.signalCode}) before it answered:\n${stderr}\n${await errorLog(dir)}`)
+    }
+    try {
+      const res = await fetch(`${gate}/auth/healthz`)
+      await res.arrayBuffer()
+      if (res.status === 200) return { proc, exited }
+    } catch {
+      // not listening yet
+    }
+    await sleep(50)
+  }
+  proc.kill('SIGKILL')
+  throw new Error(`nginx did not answer ${gate}/auth/healthz within 15 s:\n${stderr}\n${await errorLog(dir)}`)
+}
+
+async function stopNginx (nginx: { proc: ChildProcess, exited: Promise<void> }): Promise<void> {
+  if (nginx.proc.exitCode !== null || nginx.proc.signalCode !== null) return
+  nginx.proc.kill('SIGTERM')
+  if (await Promise.race([nginx.exited.then(() => 'exited'), sleep(5_000, 'timeout', { ref: false })]) === 'timeout') {
+    nginx.proc.kill('SIGKILL')
+    await nginx.exited
+  }
+}
+
+test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers, sign-out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
+  for (const [binary, pkg] of [[NGINX, 'nginx'], [CHROMIUM, 'chromium']] as const) {
+    if (!existsSync(binary)) {
+      t.skip(`${binary} is missing; install Debian's ${pkg} package to run this test (CI does)`)
+      return
+    }
+  }
+
+  const { app, adminKey } = await createTestApp(dialect, { trustProxy: true })
+  const hits: Hit[] = []
+  let upstream: Server | undefined
+  let dir: string | undefined
+  let profile: string | undefined
+  let nginx: { proc: ChildProcess, exited: Promise<void> } | undefined
+  let browser: BrowserContext | undefined
+  try {
+    await app.listen({ host: '127.0.0.1', port: 0 })
+    const gatehousePort = (app.server.address() as AddressInfo).port
+    upstream = await startUpstream(hits)
+    const upstreamPort = (upstream.address() as AddressInfo).port
+
+    dir = await mkdtemp(join(tmpdir(), 'gatehouse-nginx-'))
+    const port = await freePort()
+    const gate = `http://127.0.0.1:${port}`
+    await writeFile(join(dir, 'nginx.conf'), nginxConf(dir, port, gatehousePort, upstreamPort))
+    nginx = await startNginx(dir, gate)
+
+    const username = uniqueName('gate')
+    const created = await fetch(`${gate}/auth/api/users`, {
+      method: 'POST',
+      headers: { ...auth(adminKey), 'content-type': 'application/json' },
+      body: JSON.stringify({ username, password: GOOD_PASSWORD, groups: ['etl', 'ops'] })
+    })
+    const createdBody = await created.text()
+    assert.equal(created.status, 201, createdBody)
+    const user = JSON.parse(createdBody) as { id: string, username: string }
+
+    // Without a session nothing reaches the UI: every request is sent to the sign-in page.
+    const anonymous: Array<[string, Record<string, string>, string]> = [
+      ['/pipelines', {}, '/auth/login?next=/pipelines'],
+      ['/pipelines?tab=runs', {}, '/auth/login?next=/pipelines?tab=runs'],
+      ['/pipelines', { 'x-auth-username': username, 'x-auth-user-id': user.id, 'x-auth-role': 'admin' }, '/auth/login?next=/pipelines'],
+      ['/pipelines', { cookie: 'gatehouse_session=gatehouse_session_forged' }, '/auth/login?next=/pipelines'],
+      ['/', {}, '/auth/login?next=/']
+    ]
+    for (const [path, headers, location] of anonymous) {
+      const res = await fetch(`${gate}${path}`, { headers, redirect: 'manual' })
+      await res.arrayBuffer()
+      assert.equal(res.status, 302, `${path} ${JSON.stringify(headers)}`)
+      assert.equal(res.headers.get('location'), location, `${path} ${JSON.stringify(headers)}`)
+    }
+    const post = await fetch(`${gate}/pipelines/run`, { method: 'POST', body: 'x=1', redirect: 'manual' })
+    await post.arrayBuffer()
+    assert.equal(post.status, 302, 'an unauthenticated POST is redirected too')
+    const internal = await fetch(`${gate}/_gatehouse_verify`)
+    await internal.arrayBuffer()
+    assert.equal(internal.status, 404, 'the verify location is internal to nginx')
+    assert.equal(hits.length, 0, 'no unauthenticated request reached the upstream')
+
+    // (a) The browser asks for a UI page and lands on the sign-in page.
+    profile = await mkdtemp(join(tmpdir(), 'gatehouse-chromium-'))
+    browser = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update']
+    })
+    browser.setDefaultTimeout(15_000)
+    const page = browser.pages()[0] ?? await browser.newPage()
+    await page.goto(`${gate}/pipelines`)
+    assert.equal(page.url(), `${gate}/auth/login?next=/pipelines`)
+    assert.equal(await page.locator('h1').innerText(), 'Sign in')
+    assert.equal(await page.locator('input[name="next"]').inputValue(), '/pipelines')
+    assert.equal(hits.length, 0, 'the upstream saw nothing before sign-in')
+
+    // (b) Signing in returns the browser to the page, which the upstream serves with the identity headers.
+    await page.locator('#username').fill(username)
+    await page.locator('#password').fill(GOOD_PASSWORD)
+    const [signInResponse] = await Promise.all([
+      page.waitForResponse(res => res.url() === `${gate}/auth/login` && res.request().method() === 'POST'),
+      page.locator('button[type="submit"]').click()
+    ])
+    if (signInResponse.status() !== 303) {
+      const sentOrigin = await signInResponse.request().headerValue('origin')
+      assert.fail(`the sign-in form answered ${signInResponse.status()}, not 303 (the browser sent Origin: ${String(sentOrigin)}): ` +
+        (await signInResponse.text()).slice(0, 300))
+    }
+    await page.waitForURL(`${gate}/pipelines`)
+    await page.locator('h1', { hasText: 'Pipelines' }).waitFor()
+    assert.equal(await page.locator('#x-auth-username').innerText(), username)
+    assert.equal(await page.locator('#x-auth-user-id').innerText(), user.id)
+    assert.equal(await page.locator('#x-auth-role').innerText(), 'user')
+    assert.equal(await page.locator('#x-auth-groups').innerText(), 'etl,ops')
+    assert.equal(await page.locator('#x-auth-credential').innerText(), 'session')
+    assert.deepEqual(hits.map(hit => `${hit.method} ${hit.url}`), ['GET /pipelines'], 'the upstream served the page, once')
+    const pageHit = hits[0]!
+    assert.equal(pageHit.headers['x-auth-username'], username)
+    assert.equal(pageHit.headers['x-auth-user-id'], user.id)
+    const cookie = (await browser.cookies(gate)).find(c => c.name === 'gatehouse_session')
+    assert.ok(cookie !== undefined, 'the browser holds the session cookie')
+    assert.equal(cookie.httpOnly, true)
+    assert.equal(cookie.path, '/')
+    assert.equal(cookie.sameSite, 'Lax')
+
+    // The identity the UI gets is gatehouse's, whatever the client sends; any method passes the gate.
+    const sessionCookie = `gatehouse_session=${cookie.value}`
+    const spoofed = await fetch(`${gate}/pipelines/run`, {
+      method: 'POST',
+      headers: { cookie: sessionCookie, 'content-type': 'application/json', 'x-auth-username': 'admin', 'x-auth-role': 'admin', 'x-auth-user-id': 'someone-else' },
+      body: '{"pipeline":"nightly"}',
+      redirect: 'manual'
+    })
+    assert.equal(spoofed.status, 200, await spoofed.text())
+    const postHit = hits.at(-1)!
+    assert.equal(postHit.method, 'POST')
+    assert.equal(postHit.url, '/pipelines/run')
+    assert.equal(postHit.headers['x-auth-username'], username)
+    assert.equal(postHit.headers['x-auth-role'], 'user')
+    assert.equal(postHit.headers['x-auth-user-id'], user.id)
+
+    // gatehouse saw the client's address from nginx, not one the client made up.
+    const viaFetch = await fetch(`${gate}/auth/login`, {
+      method: 'POST',
+      headers: { origin: gate, 'content-type': 'application/x-www-form-urlencoded', 'x-forwarded-for': '203.0.113.9' },
+      body: new URLSearchParams({ username, password: GOOD_PASSWORD, next: '/pipelines' }).toString(),
+      redirect: 'manual'
+    })
+    await viaFetch.arrayBuffer()
+    assert.equal(viaFetch.status, 303)
+    const events = await fetch(`${gate}/auth/api/events?type=user.login_succeeded&target_id=${user.id}`, { headers: auth(adminKey) })
+    const logins = await events.json() as Array<{ client_ip: string | null }>
+    assert.equal(events.status, 200, JSON.stringify(logins))
+    assert.equal(logins.length, 2, 'the browser\'s sign-in and this one')
+    assert.deepEqual(logins.map(e => e.client_ip), ['127.0.0.1', '127.0.0.1'])
+
+    // (c) Signing out, with a form posted from the UI's page (same origin), ends the session.
+    const hitsBeforeLogout = hits.length
+    await Promise.all([
+      page.waitForURL(`${gate}/auth/login`),
+      page.evaluate(`(() => {
+        const form = document.createElement('form')
+        form.method = 'post'
+        form.action = '/auth/logout'
+        document.body.append(form)
+        form.submit()
+      })()`)
+    ])
+    assert.equal(await page.locator('h1').innerText(), 'Sign in')
+    assert.equal((await browser.cookies(gate)).find(c => c.name === 'gatehouse_session'), undefined, 'the cookie is cleared')
+    await page.goto(`${gate}/pipelines`)
+    assert.equal(page.url(), `${gate}/auth/login?next=/pipelines`)
+    assert.equal(await page.locator('h1').innerText(), 'Sign in')
+    const replayed = await fetch(`${gate}/pipelines`, { headers: { cookie: sessionCookie }, redirect: 'manual' })
+    await replayed.arrayBuffer()
+    assert.equal(replayed.status, 302, 'the old cookie no longer opens the gate')
+    assert.equal(hits.length, hitsBeforeLogout, 'nothing reached the upstream after sign-out')
+  } finally {
+    await browser?.close()
+    if (nginx !== undefined) await stopNginx(nginx)
+    if (upstream !== undefined) {
+      upstream.closeAllConnections()
+      await new Promise(resolve => upstream!.close(resolve))
+    }
+    await app.close()
+    for (const path of [profile, dir]) if (path !== undefined) await rm(path, { recursive: true, force: true })
+  }
+})
