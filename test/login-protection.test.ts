@@ -94,6 +94,21 @@ describe('sign-in throttling behind a trusted proxy', () => {
     assert.equal((await login(t, user.username, GOOD_PASSWORD, { 'x-forwarded-for': '203.0.113.7' })).statusCode, 429)
     assert.equal((await login(t, user.username, GOOD_PASSWORD, { 'x-forwarded-for': '203.0.113.8' })).statusCode, 200)
   })
+
+  it('sets the __Host- cookie with Secure when the proxy says the request came over HTTPS', async () => {
+    const user = await createUser(t)
+    const res = await login(t, user.username, GOOD_PASSWORD, { 'x-forwarded-proto': 'https', 'x-forwarded-for': '203.0.113.20' })
+    assert.equal(res.statusCode, 200)
+    const cookie = res.cookies.find(c => c.name === '__Host-gatehouse_session')
+    assert.ok(cookie, JSON.stringify(res.cookies))
+    assert.equal(cookie.secure, true)
+    assert.equal(cookie.path, '/')
+    assert.equal(cookie.domain, undefined, '__Host- cookies carry no Domain')
+    assert.equal(cookie.httpOnly, true)
+    assert.equal(cookie.sameSite, 'Lax')
+    const me = await t.app.inject({ url: '/auth/api/me', headers: { cookie: `${cookie.name}=${cookie.value}` } })
+    assert.equal(me.json().id, user.id)
+  })
 })
 
 describe('sign-in throttling shared through Redis', () => {
