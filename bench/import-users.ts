@@ -22,25 +22,13 @@ import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { cpus } from 'node:os'
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync, createWriteStream } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { hash as argon2Hash } from '@node-rs/argon2'
+import { childEnv, envInt, freePort, HOST, RESULTS_DIR, ROOT } from './harness.ts'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const BIN = join(ROOT, 'bin', 'gatehouse.js')
-const RESULTS_DIR = join(ROOT, 'bench', 'results')
-const HOST = '127.0.0.1'
-const INHERITED_ENV = ['PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL', 'TZ', 'SYSTEMROOT']
-
-function envInt (name: string, fallback: number): number {
-  const value = process.env[name]
-  if (value === undefined || value === '') return fallback
-  if (!/^\d+$/.test(value) || Number(value) < 1) throw new Error(`${name} must be a positive whole number`)
-  return Number(value)
-}
 
 const HASHED_ROWS = envInt('BENCH_IMPORT_HASHED', 100_000)
 const PLAIN_ROWS = envInt('BENCH_IMPORT_PLAIN', 2_000)
@@ -48,22 +36,6 @@ const PASSWORD = 'correct horse battery staple'
 
 function log (message: string): void {
   process.stderr.write(`[bench:import] ${message}\n`)
-}
-
-function baseEnv (settings: Record<string, string>): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {}
-  for (const name of INHERITED_ENV) if (process.env[name] !== undefined) env[name] = process.env[name]
-  return { ...env, ...settings }
-}
-
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, HOST)
-  await once(server, 'listening')
-  const address = server.address()
-  server.close()
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
 }
 
 async function writeRows (file: string, count: number, row: (i: number) => Record<string, unknown>): Promise<void> {
@@ -116,7 +88,7 @@ async function main (): Promise<number> {
   server = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
     cwd: ROOT,
     stdio: ['ignore', 'ignore', 'pipe'],
-    env: baseEnv({
+    env: childEnv({
       HOST,
       PORT: String(port),
       DATABASE_URL: `sqlite:${join(tmpDir, 'bench.db')}`,
@@ -150,7 +122,7 @@ async function main (): Promise<number> {
   const plainFile = join(tmpDir, 'plain.jsonl')
   await writeRows(plainFile, PLAIN_ROWS, i => ({ username: `imp_p${i}`, email: `imp_p${i}@example.com`, password: PASSWORD }))
 
-  const cliEnv = baseEnv({ GATEHOUSE_URL: base, GATEHOUSE_API_KEY: adminKey })
+  const cliEnv = childEnv({ GATEHOUSE_URL: base, GATEHOUSE_API_KEY: adminKey })
   log(`(a) importing ${HASHED_ROWS} rows with an existing argon2id hash…`)
   const hashed = await runImport(hashedFile, cliEnv)
   log(`(a) ${hashed.created} created in ${hashed.seconds.toFixed(1)} s: ${Math.round(hashed.usersPerSecond)} users/s`)

@@ -7,39 +7,22 @@
  *   npm run bench
  *   BENCH_DURATION=30 BENCH_CONNECTIONS=100 npm run bench
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
-import { closeSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
-import { createServer } from 'node:net'
-import { availableParallelism, cpus, tmpdir } from 'node:os'
+import { readFileSync, statSync } from 'node:fs'
+import { availableParallelism } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { fileURLToPath } from 'node:url'
-import autocannon from 'autocannon'
 import SQLite from 'better-sqlite3'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import {
+  busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
+  log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
+} from './harness.ts'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
-const RESULTS_DIR = join(ROOT, 'bench', 'results')
-const HOST = '127.0.0.1'
 const PAGE_SIZE = 50
 const TARGET_RATIO = 0.5
-const READY_TIMEOUT_MS = 60_000
-/** Other processes busier than this (in cores) during a measurement make the run noisy; the table says so. */
-const NOISY_OTHER_CPU = 0.1
-
-function envInt (name: string, fallback: number): number {
-  const value = process.env[name]
-  if (value === undefined || value === '') return fallback
-  if (!/^\d+$/.test(value) || Number(value) < 1) throw new Error(`${name} must be a positive whole number, got "${value}"`)
-  return Number(value)
-}
-
-function envFlag (name: string): boolean {
-  return /^(1|true|yes|on)$/i.test(process.env[name] ?? '')
-}
 
 const settings = {
   durationS: envInt('BENCH_DURATION', 15),
@@ -53,134 +36,9 @@ const settings = {
   keepTmp: envFlag('BENCH_KEEP_TMP')
 }
 
-/**
- * The only variables the servers inherit from this shell: what a process needs to run. Everything else
- * (LOG_LEVEL, DATABASE_URL, NODE_OPTIONS, any other gatehouse setting) stays out, so the server under
- * test runs with its defaults plus the few settings given below.
- */
-const INHERITED_ENV = ['PATH', 'HOME', 'TMPDIR', 'LANG', 'LC_ALL', 'TZ', 'SYSTEMROOT']
-
-function childEnv (settings: Record<string, string>): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {}
-  for (const name of INHERITED_ENV) if (process.env[name] !== undefined) env[name] = process.env[name]
-  return { ...env, ...settings }
-}
-
-// ---------------------------------------------------------------- children and clean-up
-
-interface Child {
-  name: string
-  proc: ChildProcess
-  exited: Promise<void>
-  stdoutPath: string
-  stderrPath: string
-}
-
-const children: Child[] = []
-let tmpDir: string | undefined
-let cannon: autocannon.Instance | undefined
-let stopping = false
-let cleanedUp: Promise<void> | undefined
-
-function log (line: string): void {
-  process.stderr.write(`[bench] ${line}\n`)
-}
-
-function isRunning (child: Child): boolean {
-  return child.proc.exitCode === null && child.proc.signalCode === null
-}
-
-/** Starts `node [nodeArgs] --import tsx <script>` with stdout and stderr going to files, never to this console. */
-function startChild (name: string, script: string, env: NodeJS.ProcessEnv, nodeArgs: string[] = []): Child {
-  const stdoutPath = join(tmpDir!, `${name}.stdout.log`)
-  const stderrPath = join(tmpDir!, `${name}.stderr.log`)
-  const out = openSync(stdoutPath, 'w')
-  const err = openSync(stderrPath, 'w')
-  const proc = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', script], { cwd: ROOT, env, stdio: ['ignore', out, err] })
-  closeSync(out)
-  closeSync(err)
-  const exited = new Promise<void>(resolve => {
-    proc.once('exit', () => resolve())
-    proc.once('error', () => resolve())
-  })
-  const child = { name, proc, exited, stdoutPath, stderrPath }
-  children.push(child)
-  return child
-}
-
-function tail (path: string, lines = 20): string {
-  try {
-    return readFileSync(path, 'utf8').trimEnd().split('\n').slice(-lines).join('\n')
-  } catch {
-    return '(no output)'
-  }
-}
-
-async function stopChild (child: Child): Promise<void> {
-  if (!isRunning(child)) return
-  child.proc.kill('SIGTERM')
-  const timeout = sleep(10_000, 'timeout', { ref: false })
-  if (await Promise.race([child.exited.then(() => 'exited'), timeout]) === 'timeout') {
-    log(`${child.name} did not stop within 10 s of SIGTERM; killing it`)
-    child.proc.kill('SIGKILL')
-    await child.exited
-  }
-}
-
-async function cleanUp (): Promise<void> {
-  cleanedUp ??= (async () => {
-    stopping = true
-    cannon?.stop()
-    await Promise.all(children.map(stopChild))
-    if (tmpDir !== undefined) {
-      if (settings.keepTmp) log(`kept ${tmpDir} (BENCH_KEEP_TMP)`)
-      else rmSync(tmpDir, { recursive: true, force: true })
-    }
-  })()
-  await cleanedUp
-}
-
-for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-  process.once(signal, () => {
-    log(`${signal}: stopping`)
-    cleanUp().finally(() => process.exit(signal === 'SIGINT' ? 130 : 143))
-  })
-}
-
-// Last resort if something exits the process without going through cleanUp.
-process.once('exit', () => {
-  for (const child of children) if (isRunning(child)) child.proc.kill('SIGKILL')
-  if (tmpDir !== undefined && !settings.keepTmp) rmSync(tmpDir, { recursive: true, force: true })
-})
+installCleanUp({ keepTmp: settings.keepTmp })
 
 // ---------------------------------------------------------------- helpers
-
-async function freePort (): Promise<number> {
-  return await new Promise((resolve, reject) => {
-    const server = createServer()
-    server.once('error', reject)
-    server.listen(0, HOST, () => {
-      const address = server.address()
-      server.close(() => typeof address === 'object' && address !== null ? resolve(address.port) : reject(new Error('no port')))
-    })
-  })
-}
-
-async function waitReady (child: Child, url: string): Promise<void> {
-  const deadline = Date.now() + READY_TIMEOUT_MS
-  while (Date.now() < deadline) {
-    if (!isRunning(child)) throw new Error(`${child.name} exited before it was ready:\n${tail(child.stderrPath)}\n${tail(child.stdoutPath)}`)
-    try {
-      const res = await fetch(url)
-      await res.arrayBuffer()
-      if (res.ok) return
-    } catch {
-      // not listening yet
-    }
-    await sleep(100)
-  }
-  throw new Error(`${child.name} did not answer ${url} within ${READY_TIMEOUT_MS / 1000} s`)
-}
 
 /** The one-time admin key gatehouse prints on stdout when the database has no admin. */
 async function readAdminKey (child: Child): Promise<string> {
@@ -211,98 +69,26 @@ async function checkList (url: string, headers: Record<string, string>, expected
   return { users, bodyBytes: Buffer.byteLength(body), headers: res.headers }
 }
 
-/** CPU seconds (user + system) a process has used so far, from /proc; undefined where there is no /proc. */
-function cpuSecondsOf (pid: number | undefined): number | undefined {
-  if (pid === undefined) return undefined
-  try {
-    // Fields after the command name (which may contain spaces): utime and stime are the 12th and 13th.
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ')
-    return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS
-  } catch {
-    return undefined
-  }
-}
-
-/** Busy CPU seconds of the whole machine so far (all cores), from /proc/stat; undefined where there is no /proc. */
-function machineBusySeconds (): number | undefined {
-  try {
-    const [, ...ticks] = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).map(Number)
-    // user nice system idle iowait irq softirq steal (guest time is already inside user)
-    const busy = ticks.slice(0, 8).reduce((sum, t, i) => i === 3 || i === 4 ? sum : sum + t, 0)
-    return busy / CLOCK_TICKS
-  } catch {
-    return undefined
-  }
-}
-
-const CLOCK_TICKS = ((): number => {
-  try {
-    return Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100
-  } catch {
-    return 100
-  }
-})()
-
-async function runCannon (options: autocannon.Options): Promise<autocannon.Result> {
-  return await new Promise((resolve, reject) => {
-    cannon = autocannon(options, (err, result) => {
-      cannon = undefined
-      if (err !== null && err !== undefined) reject(err instanceof Error ? err : new Error(String(err)))
-      else resolve(result)
-    })
-  })
-}
-
-interface Measurement {
+/** The JSON fields of one target, in this order: what measureLoad reports (see LoadSummary, LoadCpu) plus the page and its throughput. */
+interface Measurement extends LoadSummary, LoadCpu {
   url: string
   bodyBytes: number
-  warmupRequests: number
-  requests: number
-  reqPerSec: { average: number, stddev: number, min: number, max: number }
-  latencyMs: { average: number, p50: number, p90: number, p99: number, max: number }
   throughputBytesPerSec: number
-  /** CPU the server process used during the measured window: cores busy on average, and CPU time per response. */
-  serverCpu: { cores: number, usPerRequest: number } | null
-  /** The same for this process, which runs autocannon: near 1.0 core means the load generator is the limit. */
-  loadGeneratorCpu: { cores: number }
-  /** Busy cores of the whole machine minus the server and this process: other work competing for the CPU during the run. */
-  otherCpu: { cores: number } | null
   non2xx: number
   errors: number
   timeouts: number
 }
 
 async function measure (name: string, child: Child, url: string, headers: Record<string, string>, bodyBytes: number): Promise<Measurement> {
-  const base = { url, connections: settings.connections, headers }
-  log(`${name}: warm-up ${settings.warmupS} s`)
-  const warm = await runCannon({ ...base, duration: settings.warmupS })
-  if (stopping) throw new Error('interrupted')
-  if (warm.non2xx > 0 || warm.errors > 0) log(`${name}: warm-up had ${warm.non2xx} non-2xx and ${warm.errors} errors`)
-  log(`${name}: measuring ${settings.durationS} s with ${settings.connections} connections`)
-  const serverCpuBefore = cpuSecondsOf(child.proc.pid)
-  const machineBefore = machineBusySeconds()
-  const ownCpuBefore = process.cpuUsage()
-  const r = await runCannon({ ...base, duration: settings.durationS })
-  const ownCpu = process.cpuUsage(ownCpuBefore)
-  const machineAfter = machineBusySeconds()
-  const serverCpuAfter = cpuSecondsOf(child.proc.pid)
-  if (stopping) throw new Error('interrupted')
-  const serverCpuS = serverCpuBefore !== undefined && serverCpuAfter !== undefined ? serverCpuAfter - serverCpuBefore : undefined
-  const ownCpuS = (ownCpu.user + ownCpu.system) / 1e6
-  const otherCpuS = serverCpuS !== undefined && machineBefore !== undefined && machineAfter !== undefined
-    ? Math.max(0, machineAfter - machineBefore - serverCpuS - ownCpuS)
-    : undefined
+  const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu } = await measureLoad(name, child, { url, connections: settings.connections, headers }, settings)
   return {
     url,
     bodyBytes,
-    warmupRequests: warm.requests.total,
-    requests: r.requests.total,
-    reqPerSec: { average: r.requests.average, stddev: r.requests.stddev, min: r.requests.min, max: r.requests.max },
-    latencyMs: { average: r.latency.average, p50: r.latency.p50, p90: r.latency.p90, p99: r.latency.p99, max: r.latency.max },
+    ...summary,
     throughputBytesPerSec: r.throughput.average,
-    serverCpu: serverCpuS === undefined ? null : { cores: serverCpuS / r.duration, usPerRequest: serverCpuS * 1e6 / Math.max(1, r.requests.total) },
-    loadGeneratorCpu: { cores: ownCpuS / r.duration },
-    otherCpu: otherCpuS === undefined ? null : { cores: otherCpuS / r.duration },
+    serverCpu,
+    loadGeneratorCpu,
+    otherCpu,
     non2xx: r.non2xx,
     errors: r.errors,
     timeouts: r.timeouts
@@ -328,21 +114,6 @@ function seed (dbPath: string, count: number): void {
   }
 }
 
-function gitInfo (): { commit: string | null, srcDirty: boolean | null } {
-  try {
-    const git = (...args: string[]): string => execFileSync('git', args, { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] })
-    const commit = git('rev-parse', 'HEAD').trim()
-    const status = git('status', '--porcelain', '--', 'src')
-    return { commit, srcDirty: status.trim() !== '' }
-  } catch {
-    return { commit: null, srcDirty: null }
-  }
-}
-
-function fmt (n: number, digits = 0): string {
-  return n.toLocaleString('en-US', { minimumFractionDigits: digits, maximumFractionDigits: digits })
-}
-
 function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: boolean, cpuRatio: number | null): void {
   const header = ['target', 'req/s (avg)', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'body bytes', 'server CPU', 'CPU µs/req', 'autocannon CPU', 'other CPU']
   const body = rows.map(([name, m]) => [
@@ -352,9 +123,8 @@ function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: b
     `${fmt(m.loadGeneratorCpu.cores * 100)}%`,
     m.otherCpu === null ? 'n/a' : `${fmt(m.otherCpu.cores * 100)}%`
   ])
-  const widths = header.map((h, i) => Math.max(h.length, ...body.map(r => r[i]!.length)))
-  const busy = rows.filter(([, m]) => (m.otherCpu?.cores ?? 0) > NOISY_OTHER_CPU).map(([name, m]) => `${fmt(m.otherCpu!.cores * 100)}% (during ${name})`)
-  const line = (cells: string[]): string => cells.map((c, i) => i === 0 ? c.padEnd(widths[i]!) : c.padStart(widths[i]!)).join('  ')
+  const table = formatTable(header, body)
+  const busy = busyDuring(rows)
   const logLevel = settings.gatehouseLogLevel === undefined
     ? 'default (info)'
     : `${settings.gatehouseLogLevel} (BENCH_LOG_LEVEL: not the default, so not the ratio to report)`
@@ -363,9 +133,7 @@ function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: b
     `${fmt(settings.users)} users, GET ${USERS_PATH}?limit=${PAGE_SIZE}; ${settings.connections} connections, ${settings.warmupS} s warm-up + ${settings.durationS} s per target; ` +
       `node ${process.version}, ${availableParallelism()} CPUs; gatehouse LOG_LEVEL ${logLevel}`,
     '',
-    line(header),
-    line(widths.map(w => '-'.repeat(w))),
-    ...body.map(line),
+    ...table.lines,
     '',
     `ratio gatehouse/bare: ${ratio.toFixed(3)}   target >= ${TARGET_RATIO}: ${meets ? 'MET' : 'NOT MET'}`,
     ...(cpuRatio !== null ? [`CPU-time ratio (bare CPU µs/req / gatehouse CPU µs/req): ${cpuRatio.toFixed(3)}  (the same comparison, less sensitive to other load)`] : []),
@@ -381,7 +149,7 @@ function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: b
 
 async function main (): Promise<void> {
   const stamp = new Date().toISOString().replace(/[:.]/g, '-')
-  tmpDir = mkdtempSync(join(tmpdir(), 'gatehouse-bench-'))
+  const tmpDir = makeTmpDir('gatehouse-bench-')
   const dbPath = join(tmpDir, 'bench.db')
   const cpuProfDir = join(RESULTS_DIR, `cpu-${stamp}`)
   // One folder per server: tsx's loader thread writes a profile of its own next to the main thread's (the larger file).
@@ -462,14 +230,14 @@ async function main (): Promise<void> {
     startedAt: stamp,
     valid,
     /** False when other processes competed for the CPU (see otherCpu): compare such runs with care. */
-    quiet: [bareResult, gatehouseResult].every(m => (m.otherCpu?.cores ?? 0) <= NOISY_OTHER_CPU),
+    quiet: isQuiet([bareResult, gatehouseResult]),
     ratio,
     /** bare's server CPU time per response over gatehouse's: the ratio of costs, which other load disturbs far less than req/s. */
     cpuRatio,
     targetRatio: TARGET_RATIO,
     meetsTarget: meets,
     settings: { ...settings, gatehouseLogLevel: settings.gatehouseLogLevel ?? 'default (info)' },
-    machine: { node: process.version, platform: `${process.platform} ${process.arch}`, cpus: availableParallelism(), cpuModel: cpus()[0]?.model ?? null },
+    machine: machineInfo(),
     git: gitInfo(),
     seed: { users: settings.users, ms: Math.round(seedMs) },
     bare: bareResult,
@@ -484,10 +252,7 @@ async function main (): Promise<void> {
     },
     ...(settings.cpuProfile ? { cpuProfiles: cpuProfDir } : {})
   }
-  mkdirSync(RESULTS_DIR, { recursive: true })
-  const file = join(RESULTS_DIR, `list-users-${stamp}.json`)
-  writeFileSync(file, JSON.stringify(report, null, 2) + '\n')
-  log(`results written to ${file}`)
+  writeResults('list-users', stamp, report)
 
   await cleanUp()
   if (settings.cpuProfile) log(`CPU profiles in ${cpuProfDir} (open in Chrome DevTools > Performance, or speedscope)`)
@@ -497,13 +262,4 @@ async function main (): Promise<void> {
   }
 }
 
-try {
-  await main()
-} catch (error) {
-  if (!stopping) log(`failed: ${error instanceof Error ? error.stack ?? error.message : String(error)}`)
-  for (const child of children) {
-    if (!stopping && !isRunning(child)) log(`${child.name} stderr:\n${tail(child.stderrPath)}`)
-  }
-  await cleanUp()
-  process.exitCode = 1
-}
+await runBench(main)
