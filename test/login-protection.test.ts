@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
+import { rmSync } from 'node:fs'
 import { connect } from 'node:net'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
@@ -129,6 +130,7 @@ describe('sign-in throttling shared through Redis', () => {
     } finally {
       await a.app.close()
       await b.app.close()
+      for (const suffix of ['', '-wal', '-shm']) rmSync(file + suffix, { force: true })
     }
   })
 })
