@@ -1,14 +1,10 @@
 import { strict as assert } from 'node:assert'
 import { existsSync } from 'node:fs'
-import { mkdtemp, rm } from 'node:fs/promises'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { test } from 'node:test'
-import { chromium, type BrowserContext } from 'playwright-core'
+import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 
-const CHROMIUM = '/usr/bin/chromium'
 // The docs page is the subject here, not the database: SQLite is enough.
 const dialect = dialects()[0]!
 
@@ -19,8 +15,7 @@ test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.n
   }
 
   const { app, adminKey } = await createTestApp(dialect)
-  let profile: string | undefined
-  let browser: BrowserContext | undefined
+  let browser: Browser | undefined
   try {
     await app.listen({ host: '127.0.0.1', port: 0 })
     const { port } = app.server.address() as AddressInfo
@@ -34,14 +29,8 @@ test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.n
     })
     assert.equal(created.status, 201, await created.text())
 
-    profile = await mkdtemp(join(tmpdir(), 'gatehouse-chromium-'))
-    browser = await chromium.launchPersistentContext(profile, {
-      executablePath: CHROMIUM,
-      headless: true,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update']
-    })
-    browser.setDefaultTimeout(15_000)
-    const page = browser.pages()[0] ?? await browser.newPage()
+    browser = await launchChromium()
+    const page = browser.page
     const requested: string[] = []
     page.on('request', (request) => { requested.push(request.url()) })
 
@@ -85,7 +74,6 @@ test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.n
     assert.ok(requested.some((url) => url.startsWith(`${origin}/auth/api/users`)), 'Execute called the API')
   } finally {
     await browser?.close()
-    if (profile !== undefined) await rm(profile, { recursive: true, force: true })
     await app.close()
   }
 })

@@ -8,11 +8,10 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { test } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { chromium, type BrowserContext } from 'playwright-core'
+import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 
 const NGINX = '/usr/sbin/nginx'
-const CHROMIUM = '/usr/bin/chromium'
 const DOC = new URL('../docs/nginx.md', import.meta.url)
 const IDENTITY_HEADERS = ['X-Auth-User-Id', 'X-Auth-Username', 'X-Auth-Role', 'X-Auth-Groups', 'X-Auth-Credential']
 // The gate is the subject here, not the database: SQLite is enough.
@@ -145,9 +144,8 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
   const hits: Hit[] = []
   let upstream: Server | undefined
   let dir: string | undefined
-  let profile: string | undefined
   let nginx: { proc: ChildProcess, exited: Promise<void> } | undefined
-  let browser: BrowserContext | undefined
+  let browser: Browser | undefined
   try {
     await app.listen({ host: '127.0.0.1', port: 0 })
     const gatehousePort = (app.server.address() as AddressInfo).port
@@ -193,14 +191,8 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
     assert.equal(hits.length, 0, 'no unauthenticated request reached the upstream')
 
     // (a) The browser asks for a UI page and lands on the sign-in page.
-    profile = await mkdtemp(join(tmpdir(), 'gatehouse-chromium-'))
-    browser = await chromium.launchPersistentContext(profile, {
-      executablePath: CHROMIUM,
-      headless: true,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update']
-    })
-    browser.setDefaultTimeout(15_000)
-    const page = browser.pages()[0] ?? await browser.newPage()
+    browser = await launchChromium()
+    const page = browser.page
     await page.goto(`${gate}/pipelines`)
     assert.equal(page.url(), `${gate}/auth/login?next=/pipelines`)
     assert.equal(await page.locator('h1').innerText(), 'Sign in')
@@ -230,7 +222,7 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
     const pageHit = hits[0]!
     assert.equal(pageHit.headers['x-auth-username'], username)
     assert.equal(pageHit.headers['x-auth-user-id'], user.id)
-    const cookie = (await browser.cookies(gate)).find(c => c.name === 'gatehouse_session')
+    const cookie = (await browser.context.cookies(gate)).find(c => c.name === 'gatehouse_session')
     assert.ok(cookie !== undefined, 'the browser holds the session cookie')
     assert.equal(cookie.httpOnly, true)
     assert.equal(cookie.path, '/')
@@ -280,7 +272,7 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
       })()`)
     ])
     assert.equal(await page.locator('h1').innerText(), 'Sign in')
-    assert.equal((await browser.cookies(gate)).find(c => c.name === 'gatehouse_session'), undefined, 'the cookie is cleared')
+    assert.equal((await browser.context.cookies(gate)).find(c => c.name === 'gatehouse_session'), undefined, 'the cookie is cleared')
     await page.goto(`${gate}/pipelines`)
     assert.equal(page.url(), `${gate}/auth/login?next=/pipelines`)
     assert.equal(await page.locator('h1').innerText(), 'Sign in')
@@ -296,6 +288,6 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
       await new Promise(resolve => upstream!.close(resolve))
     }
     await app.close()
-    for (const path of [profile, dir]) if (path !== undefined) await rm(path, { recursive: true, force: true })
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true })
   }
 })
