@@ -7,6 +7,7 @@ import { generateApiKeySecret, insertKeyForSecret } from './api-keys/api-keys.se
 import { digestOf } from './lib/secrets.ts'
 import { createUser, type UsersDeps } from './users/users.service.ts'
 import type { PasswordHasher } from './lib/passwords.ts'
+import { passwordPolicyOf } from './lib/password-policy.ts'
 
 const BOOTSTRAP_MARK = 'bootstrap_key_issued'
 const MIN_CONFIGURED_KEY_LENGTH = 32
@@ -40,7 +41,7 @@ export async function bootstrap (db: Db, passwords: PasswordHasher, config: Conf
     const username = config.bootstrapAdminUsername
     const existing = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
     if (existing === undefined) {
-      const deps: UsersDeps = { db, passwords, passwordPolicy: { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength } }
+      const deps: UsersDeps = { db, passwords, passwordPolicy: passwordPolicyOf(config) }
       const systemAdmin = { type: 'api_key' as const, id: 'system', userId: null, user: null, scopes: new Set(['admin'] as const) }
       await createUser(deps, systemAdmin, ctx, { username, password: config.bootstrapAdminPassword, role: 'admin' })
       await db.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })

@@ -99,8 +99,9 @@ export function registerLocal (program: Command): void {
       const password = await readPassword(options, { required: true, confirm: true })
       const { createUser } = await import('../users/users.service.ts')
       const { PasswordHasher } = await import('../lib/passwords.ts')
+      const { passwordPolicyOf } = await import('../lib/password-policy.ts')
       const { user } = await withDatabase(async (db, config) => await appErrorsAsCli(async () => {
-        const deps: UsersDeps = { db, passwords: new PasswordHasher(config), passwordPolicy: { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength } }
+        const deps: UsersDeps = { db, passwords: new PasswordHasher(config), passwordPolicy: passwordPolicyOf(config) }
         // The same stand-in admin the start-up bootstrap uses for GATEHOUSE_ADMIN_USERNAME.
         const cli: Principal = { type: 'api_key', id: 'cli', userId: null, user: null, scopes: new Set(['admin'] as const) }
         const created = await createUser(deps, cli, CLI_CONTEXT, { username, password, role: 'admin', ...(options.email !== undefined ? { email: options.email } : {}) })

@@ -1,7 +1,12 @@
 import { dictionary } from '@zxcvbn-ts/language-common'
+import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
 
 export interface PasswordPolicy { minLength: number, maxLength: number }
+
+export function passwordPolicyOf (config: Pick<Config, 'passwordMinLength' | 'passwordMaxLength'>): PasswordPolicy {
+  return { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength }
+}
 
 /**
  * The bundled list of common passwords (zxcvbn-ts, about 49,000 entries, some

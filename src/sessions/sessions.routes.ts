@@ -80,7 +80,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
     if (request.principal!.userId === null) {
       throw new AppError('forbidden', 403, 'This credential is a deployment API key; it belongs to no user.')
     }
-    return (await getUser({ db: app.db, passwords: app.passwords, passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength } }, request.principal!.userId)).user
+    return (await getUser({ db: app.db }, request.principal!.userId)).user
   })
 
   app.put('/api/me/password', {

@@ -5,7 +5,7 @@ import type { Principal, RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.service.ts'
 import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
-import { checkPasswordPolicy } from '../lib/password-policy.ts'
+import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import type { PasswordHasher } from '../lib/passwords.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import { toUser } from '../users/users.service.ts'
@@ -217,7 +217,7 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
       errors: [{ in: 'body', pointer: '/current_password', detail: 'does not match' }]
     })
   }
-  checkPasswordPolicy(newPassword, user.username, { minLength: deps.config.passwordMinLength, maxLength: deps.config.passwordMaxLength }, '/new_password')
+  checkPasswordPolicy(newPassword, user.username, passwordPolicyOf(deps.config), '/new_password')
   const hash = await deps.passwords.hash(newPassword)
   const at = nowIso()
   await deps.db.transaction().execute(async trx => {

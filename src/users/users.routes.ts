@@ -4,6 +4,7 @@ import { Type } from 'typebox'
 import type { FastifyTypeBox } from '../app.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
+import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { setNextLink } from '../lib/paging.ts'
 import { FAMILIES, problems, ref, SECURITY } from '../lib/openapi.ts'
 import {
@@ -41,7 +42,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
   const deps: UsersDeps = {
     db: app.db,
     passwords: app.passwords,
-    passwordPolicy: { minLength: app.config.passwordMinLength, maxLength: app.config.passwordMaxLength }
+    passwordPolicy: passwordPolicyOf(app.config)
   }
   const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)

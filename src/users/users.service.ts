@@ -132,7 +132,7 @@ export async function createUser (deps: UsersDeps, principal: Principal, ctx: Re
   return { user: toUser(row), version: row.version }
 }
 
-export async function getUser (deps: UsersDeps, id: string): Promise<VersionedUser> {
+export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise<VersionedUser> {
   const row = await findPublicUserById(deps.db, id)
   if (row === undefined) throw userNotFound(id)
   return { user: toUser(row), version: row.version }
