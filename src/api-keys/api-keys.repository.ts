@@ -47,11 +47,6 @@ export async function listApiKeys (db: Db, options: { includeRevoked: boolean })
     .execute()
 }
 
-export async function countApiKeys (db: Db): Promise<number> {
-  const row = await db.selectFrom('api_keys').select(eb => eb.fn.countAll<string | number>().as('n')).executeTakeFirstOrThrow()
-  return Number(row.n)
-}
-
 export async function revokeApiKey (db: Db, id: string, at: string): Promise<ApiKeyRow | undefined> {
   return await db.updateTable('api_keys').set({ revoked_at: at })
     .where('id', '=', id).where('revoked_at', 'is', null)
