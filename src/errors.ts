@@ -51,8 +51,10 @@ export class AppError extends Error {
   readonly detail: string
   readonly errors: FieldError[] | undefined
   readonly headers: Record<string, string>
+  /** RFC 9457 extension members, added to the problem body. */
+  readonly extensions: Record<string, unknown> | undefined
 
-  constructor (code: ErrorCode, status: number, detail: string, options: { cause?: unknown, errors?: FieldError[], headers?: Record<string, string> } = {}) {
+  constructor (code: ErrorCode, status: number, detail: string, options: { cause?: unknown, errors?: FieldError[], headers?: Record<string, string>, extensions?: Record<string, unknown> } = {}) {
     super(detail, { cause: options.cause })
     this.name = 'AppError'
     this.code = code
@@ -60,6 +62,7 @@ export class AppError extends Error {
     this.detail = detail
     this.errors = options.errors
     this.headers = options.headers ?? {}
+    this.extensions = options.extensions
   }
 }
 
@@ -76,7 +79,9 @@ export interface ProblemBody {
 }
 
 export function problemFor (error: AppError, requestId: string): ProblemBody {
+  // Extension members first, so they can never overwrite a standard member.
   const body: ProblemBody = {
+    ...error.extensions,
     type: PROBLEM_TYPE_PREFIX + error.code,
     title: STATUS_CODES[error.status] ?? 'Error',
     status: error.status,

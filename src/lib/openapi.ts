@@ -24,7 +24,12 @@ export const Problem = Type.Object({
     pointer: Type.String({ description: 'JSON pointer (RFC 6901) to the offending value.' }),
     detail: Type.String()
   })))
-}, { $id: 'Problem', description: 'An RFC 9457 problem; every error has this shape, as application/problem+json.' })
+}, {
+  $id: 'Problem',
+  // RFC 9457 extension members: some problems carry more (Import Users' per-item report).
+  additionalProperties: true,
+  description: 'An RFC 9457 problem; every error has this shape, as application/problem+json. Some carry extension members, described with their operation.'
+})
 
 const ProblemRef = ref(Problem)
 

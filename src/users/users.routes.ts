@@ -1,5 +1,4 @@
 import { Readable } from 'node:stream'
-import type { FastifyReply } from 'fastify'
 import { Type } from 'typebox'
 import type { FastifyTypeBox } from '../app.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
@@ -19,7 +18,7 @@ import {
   UserImportResult,
   UserPatch
 } from './users.schemas.ts'
-import { PROBLEM_TYPE_PREFIX } from '../errors.ts'
+import { AppError } from '../errors.ts'
 import {
   createUser,
   deleteUserById,
@@ -74,17 +73,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
   }, async (request, reply) => {
     const { status, ...report } = await importUsers(deps, request.principal!, requestContext(request), request.body)
     if (status === 200) return await reply.send(report)
-    // A Problem with the report's members added (RFC 9457 extension members), sent as text: the
-    // documented 422 schema is the plain Problem, and serializing by it would drop the report.
-    return await (reply as unknown as FastifyReply).code(422).type('application/problem+json; charset=utf-8').send(JSON.stringify({
-      type: PROBLEM_TYPE_PREFIX + 'import_failed',
-      title: 'Unprocessable Entity',
-      status: 422,
-      detail: `Nothing was imported: ${report.failed} of ${report.results.length} items failed (see results).`,
-      code: 'import_failed',
-      request_id: request.id,
-      ...report
-    }))
+    throw new AppError('import_failed', 422, `Nothing was imported: ${report.failed} of ${report.results.length} items failed (see results).`, { extensions: report })
   })
 
   for (const family of FAMILIES) {
