@@ -11,6 +11,7 @@ import {
   listApiKeys,
   replaceApiKeySecret,
   revokeApiKey,
+  revokeKeysOfUser,
   touchApiKey,
   type ApiKeyRow
 } from './api-keys.repository.ts'
@@ -150,4 +151,11 @@ export async function authenticateApiKey (db: Db, secret: string): Promise<Princ
     ? { id: row.user_id, username: row.owner_username!, role: row.owner_role!, groups: toStringArray(row.owner_groups!) }
     : null
   return { type: 'api_key', id: row.id, userId: row.user_id, user, scopes: new Set(effective) }
+}
+
+/** Revokes every live key of a user, with an `api_key.revoked` event each; in the transaction of what caused it. */
+export async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted' | 'password_changed'): Promise<void> {
+  for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
+    await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
+  }
 }

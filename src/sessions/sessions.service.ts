@@ -3,7 +3,7 @@ import { toBool, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { Principal, RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.service.ts'
-import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
+import { revokeKeysRecorded } from '../api-keys/api-keys.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import type { PasswordHasher } from '../lib/passwords.ts'
@@ -226,8 +226,6 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
       .where('id', '=', user.id).execute()
     await recordEvent(trx, ctx, 'user.password_changed', { type: 'user', id: user.id }, { by: 'self', password: '[redacted]' })
     await endSessionsRecorded(trx, ctx, user.id, 'password_changed', principal.id)
-    for (const keyId of await revokeKeysOfUser(trx, user.id, at)) {
-      await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason: 'password_changed', user_id: user.id })
-    }
+    await revokeKeysRecorded(trx, ctx, user.id, 'password_changed')
   })
 }

@@ -6,7 +6,7 @@ import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import { checkImportedHash, type ImportedHashScheme, type PasswordHasher } from '../lib/passwords.ts'
 import { checkPasswordPolicy, type PasswordPolicy } from '../lib/password-policy.ts'
-import { revokeKeysOfUser } from '../api-keys/api-keys.repository.ts'
+import { revokeKeysRecorded } from '../api-keys/api-keys.service.ts'
 import { endSessionsRecorded } from '../sessions/sessions.service.ts'
 import {
   deleteUser,
@@ -257,12 +257,6 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
 function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
   if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
     throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
-  }
-}
-
-async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted' | 'password_changed'): Promise<void> {
-  for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
-    await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
   }
 }
 
