@@ -157,7 +157,7 @@ async function main (): Promise<void> {
 
   // 1. Schema through the product's own migrations, then 100,000 users straight into the file.
   log(`temp dir ${tmpDir}`)
-  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000 })
+  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
   await migrateToLatest(db)
   await db.destroy()
   const seedStart = performance.now()

@@ -32,7 +32,7 @@ const cleanup = (): void => {
 process.on('SIGINT', () => { cleanup(); process.exit(130) })
 
 async function seed (file: string, count: number): Promise<void> {
-  const db = createDb({ databaseUrl: `sqlite:${file}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000 })
+  const db = createDb({ databaseUrl: `sqlite:${file}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
   await migrateToLatest(db)
   await db.destroy()
   const raw = new SQLite(file)

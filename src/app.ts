@@ -19,9 +19,11 @@ import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import type { Config } from './config.ts'
 import { createDb, type Db } from './db/database.ts'
 import { migrateToLatest } from './db/migrate.ts'
-import { AppError, registerErrorHandling } from './errors.ts'
+import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
-import { Problem } from './lib/openapi.ts'
+import { rejectNulBytes } from './lib/nul-bytes.ts'
+import { isCredentialParam } from './lib/query-string.ts'
+import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
@@ -29,12 +31,20 @@ import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.sche
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import { Event } from './events/events.schemas.ts'
 import eventsRoutes from './events/events.routes.ts'
+import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
+import webhooksRoutes from './webhooks/webhooks.routes.ts'
+import { WebhookWorker } from './webhooks/webhooks.worker.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
-import { deleteSessionsEndedBefore } from './sessions/sessions.repository.ts'
+import { MFA_SCHEMAS } from './mfa/mfa.schemas.ts'
+import mfaRoutes from './mfa/mfa.routes.ts'
+import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
+import consoleRoutes from './console/console.routes.ts'
+import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
+import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import { Redis } from 'ioredis'
@@ -46,6 +56,7 @@ declare module 'fastify' {
     config: Config
     db: Db
     passwords: PasswordHasher
+    webhooks: WebhookWorker
   }
   interface FastifyContextConfig {
     /** Served at a 3.6.1 path: answered with Deprecation, Sunset and successor Link headers. */
@@ -76,11 +87,19 @@ const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
   const coercing = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } })
   return ((route: RouteDefinition) => route.httpPart === 'body' ? exact(route) : coercing(route)) as ReturnType<BuildCompilerFromPool>
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, ...MFA_SCHEMAS]
 
-/** Request log lines carry the path, never a credential given in the query string. */
+/**
+ * Request log lines carry the path, never a credential given in the query
+ * string: `API_KEY` is matched by its decoded name, as the parser that takes
+ * it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same parameter).
+ */
 export function redactUrl (url: string): string {
-  return url.replace(/([?&]API_KEY=)[^&#]*/gi, '$1[redacted]')
+  const start = url.indexOf('?')
+  if (start === -1) return url
+  return url.slice(0, start + 1) + url.slice(start + 1).split('&')
+    .map(pair => isCredentialParam(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
+    .join('&')
 }
 
 export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
@@ -111,6 +130,13 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     },
     bodyLimit: config.bodyLimitBytes,
     requestTimeout: config.requestTimeoutMs,
+    // Node's own deadline for the headers (60 s), checked every 30 s, would
+    // otherwise hold a slow client for up to 90 s whatever REQUEST_TIMEOUT_MS says.
+    http: { requestTimeout: config.requestTimeoutMs, headersTimeout: config.requestTimeoutMs, connectionsCheckingInterval: 1000 },
+    // What is refused before routing (an undecodable URL) or before a request
+    // exists (oversized headers, a timeout) is answered as a problem too.
+    frameworkErrors: answerFrameworkError,
+    clientErrorHandler: answerClientError,
     // A hop count is valid at run time; Fastify's types only list the other forms.
     trustProxy: config.trustProxy as boolean | string,
     onProtoPoisoning: 'error',
@@ -135,19 +161,42 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('config', config)
   app.decorate('db', db)
   app.decorate('passwords', passwords)
-  const redis = config.redisUrl !== undefined ? new Redis(config.redisUrl, { maxRetriesPerRequest: 2 }) : undefined
+  // Delivers queued webhook events; stopped before the database closes, after its deliveries in flight are recorded.
+  const webhooks = new WebhookWorker(db, config, app.log, `gatehouse-webhooks/${RELEASE}`)
+  app.decorate('webhooks', webhooks)
+  if (config.webhookDelivery) app.addHook('onReady', async () => { webhooks.start() })
+  app.addHook('preClose', async () => { await webhooks.stop() })
+  const redis = config.redisUrl !== undefined
+    ? new Redis(config.redisUrl, {
+      // Every command has a deadline, also while it waits for a (re)connection
+      // in the offline queue; past it the request gets 503 (errors.ts).
+      commandTimeout: config.redisCommandTimeoutMs,
+      // A connection that owes answers and receives nothing for this long is
+      // dead though never closed (a network dropping packets): drop it and
+      // reconnect, rather than send every later command into the void.
+      socketTimeout: config.redisCommandTimeoutMs,
+      connectTimeout: config.redisCommandTimeoutMs,
+      maxRetriesPerRequest: 2
+    })
+    : undefined
   // Connection errors surface on the commands that need the connection; the event must still be handled.
   redis?.on('error', () => {})
   const failures = redis !== undefined ? redisFailureCounter(redis) : memoryFailureCounter()
   app.addHook('onClose', async () => {
     await failures.close()
-    await redis?.quit()
+    // QUIT waits for an answer, which a stalled Redis never gives.
+    await redis?.quit().catch(() => { redis.disconnect() })
   })
   // Verified against when a sign-in has no real hash to check, so every failure costs one argon2 verification.
   const dummyHash = await passwords.hash(randomSecret('dummy_'))
+  const deviceKey = deviceKeyOf(db)
 
   registerErrorHandling(app)
-  for (const schema of SHARED_SCHEMAS) app.addSchema(schema)
+  for (const schema of [...SHARED_SCHEMAS, ...WEBHOOK_SCHEMAS]) app.addSchema(schema)
+  // First of all hooks: a request the limiter (or anything else) refuses still names itself.
+  app.addHook('onRequest', async (request, reply) => {
+    reply.header('X-Request-Id', request.id)
+  })
 
   await app.register(cookie)
   await app.register(rateLimitPlugin, { redis })
@@ -157,10 +206,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
   })
   app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, app.getDefaultJsonParser('error', 'error'))
+  // After multipart's own preValidation hook, which is where a multipart body is parsed.
+  app.addHook('preValidation', rejectNulBytes)
 
-  app.addHook('onRequest', async (request, reply) => {
-    reply.header('X-Request-Id', request.id)
-  })
   app.addHook('onResponse', async (request, reply) => {
     request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, 'request completed')
   })
@@ -188,11 +236,12 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     return payload
   })
 
-  // Housekeeping: sessions that ended more than a day ago are only history, which the event log keeps.
   const purge = async (): Promise<void> => {
     try {
-      const removed = await deleteSessionsEndedBefore(db, new Date(Date.now() - 86_400_000).toISOString())
-      if (removed > 0) app.log.info({ removed }, 'purged old sessions')
+      const removed = await purgeSignInHistory(db, config)
+      // Sign-in and passkey challenges live minutes; an hour past their end they are of no use to anyone.
+      await deleteChallengesBefore(db, new Date(Date.now() - 3_600_000).toISOString())
+      if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
     } catch (err) {
       app.log.warn({ err }, 'could not purge old sessions; will try again')
     }
@@ -206,11 +255,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
 
   await app.register(async (api: FastifyTypeBox) => {
     await api.register(authPlugin)
-    await api.register(systemRoutes)
+    await api.register(systemRoutes, { redis })
     await api.register(usersRoutes)
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
-    await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash })
+    await api.register(webhooksRoutes, { sender: webhooks.sender })
+    await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(consoleRoutes)
   }, { prefix: config.basePath })
 
   return app
@@ -222,6 +274,12 @@ const DEPRECATED_AT = new Date('2026-11-01T00:00:00Z')
 function appendLink (existing: unknown, link: string): string {
   return typeof existing === 'string' && existing !== '' ? `${existing}, ${link}` : link
 }
+
+/**
+ * Relative, so it is the origin the document was fetched from: wherever this
+ * deployment answers. `x-internal: false`: the document is for every client.
+ */
+const DOCUMENT_SERVER = { url: '/', description: 'This deployment (production, staging or local): the origin serving this document.', 'x-internal': false }
 
 async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void> {
   await app.register(swagger, {
@@ -237,11 +295,14 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
           'People sign in with `POST /auth/api/login` (a session token, and a cookie for browsers); see the `sessions` tag. ' +
           'Every error is `application/problem+json` with a stable `code`.'
       },
+      servers: [DOCUMENT_SERVER],
       tags: [
         { name: 'default', description: 'Users: the current release\'s paths.' },
         { name: 'sessions', description: 'Sign-in for web-UI users, self-service, and the reverse-proxy check.' },
+        { name: 'mfa', description: 'Second factors (TOTP, passkeys, recovery codes) and the second step of sign-in.' },
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
+        { name: 'webhooks', description: 'Endpoints that receive events, signed per Standard Webhooks; their deliveries and attempts.' },
         { name: 'system', description: 'Version, health and readiness.' },
         { name: 'legacy', description: 'Release 3.6.1 paths: same operations, deprecated.' }
       ],
@@ -254,7 +315,10 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
       }
     },
     // Keep the $id names (User, Problem, …) in components.schemas instead of def-0, def-1, ….
-    refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => typeof json.$id === 'string' ? json.$id : `def-${i}` }
+    refResolver: { buildLocalReference: (json, _baseUri, _fragment, i) => typeof json.$id === 'string' ? json.$id : `def-${i}` },
+    // What hooks and route config make the server send (headers, 429, public routes) is documented from that config.
+    transform: operationTransform({ rateLimited: config.rateLimitPerAddress > 0 || config.rateLimitPerCredential > 0 }),
+    transformObject: finishDocument
   })
   await app.register(swaggerUi, {
     routePrefix: `${config.basePath}/docs`,

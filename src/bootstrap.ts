@@ -28,25 +28,37 @@ export async function bootstrap (db: Db, passwords: PasswordHasher, config: Conf
   if (config.bootstrapAdminApiKey !== undefined) {
     const secret = config.bootstrapAdminApiKey
     if (secret.length < MIN_CONFIGURED_KEY_LENGTH) throw new ConfigError(`GATEHOUSE_ADMIN_API_KEY must have at least ${MIN_CONFIGURED_KEY_LENGTH} characters`)
-    const known = await db.selectFrom('api_keys').select('id').where('digest', '=', digestOf(secret)).executeTakeFirst()
-    if (known === undefined) {
-      await db.transaction().execute(async trx => {
-        await insertKeyForSecret(trx, ctx, secret, { name: 'GATEHOUSE_ADMIN_API_KEY', scopes: ['admin'], userId: null, expiresAt: null })
-        await markBootstrapped(trx)
-      })
-      log.info('registered GATEHOUSE_ADMIN_API_KEY as an admin API key')
+    const known = async (): Promise<boolean> =>
+      await db.selectFrom('api_keys').select('id').where('digest', '=', digestOf(secret)).executeTakeFirst() !== undefined
+    if (!await known()) {
+      try {
+        await db.transaction().execute(async trx => {
+          await insertKeyForSecret(trx, ctx, secret, { name: 'GATEHOUSE_ADMIN_API_KEY', scopes: ['admin'], userId: null, expiresAt: null })
+          await markBootstrapped(trx)
+        })
+        log.info('registered GATEHOUSE_ADMIN_API_KEY as an admin API key')
+      } catch (error) {
+        // Instances starting at the same moment all find the key missing; the first to insert it wins.
+        if (!await known()) throw error
+      }
     }
   }
   if (config.bootstrapAdminUsername !== undefined && config.bootstrapAdminPassword !== undefined) {
     const username = config.bootstrapAdminUsername
-    const existing = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
-    if (existing === undefined) {
+    const exists = async (): Promise<boolean> =>
+      await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst() !== undefined
+    if (!await exists()) {
       const deps: UsersDeps = { db, passwords, passwordPolicy: passwordPolicyOf(config) }
       const systemAdmin = { type: 'api_key' as const, id: 'system', userId: null, user: null, scopes: new Set(['admin'] as const) }
-      await createUser(deps, systemAdmin, ctx, { username, password: config.bootstrapAdminPassword, role: 'admin' })
-      await db.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })
-        .onConflict(oc => oc.column('key').doNothing()).execute()
-      log.info({ username }, 'created the first admin user from GATEHOUSE_ADMIN_USERNAME')
+      try {
+        await createUser(deps, systemAdmin, ctx, { username, password: config.bootstrapAdminPassword, role: 'admin' })
+        await db.insertInto('gatehouse_meta').values({ key: BOOTSTRAP_MARK, value: new Date().toISOString() })
+          .onConflict(oc => oc.column('key').doNothing()).execute()
+        log.info({ username }, 'created the first admin user from GATEHOUSE_ADMIN_USERNAME')
+      } catch (error) {
+        // As for the key: another instance starting at the same moment created the user first.
+        if (!await exists()) throw error
+      }
     }
   }
   if (config.bootstrapAdminApiKey !== undefined || config.bootstrapAdminUsername !== undefined) return {}

@@ -1,4 +1,5 @@
 import { availableParallelism } from 'node:os'
+import { USERNAME_PATTERN } from './users/users.schemas.ts'
 
 /**
  * Every knob the service has. Read once from the environment at start-up
@@ -17,6 +18,14 @@ export interface Config {
   databasePoolSize: number
   /** Upper bound for one SQL statement (PostgreSQL statement_timeout, SQLite busy timeout). */
   databaseStatementTimeoutMs: number
+  /**
+   * PostgreSQL: how long to wait for a query's answer before giving up on it and
+   * its connection. statement_timeout is enforced by the server, so it cannot
+   * help when the server (or the network to it) stops answering altogether.
+   */
+  databaseQueryTimeoutMs: number
+  /** PostgreSQL: how long to wait for a pooled connection, including opening a new one. */
+  databaseAcquireTimeoutMs: number
   logLevel: string
   /** Accept `?API_KEY=` as the main API does. Off means header credentials only. */
   allowQueryApiKey: boolean
@@ -52,14 +61,53 @@ export interface Config {
   /** Consecutive failures, from anywhere, that lock an account; a locked account cannot sign in. */
   accountLockThreshold: number
   accountLockMs: number
+  /**
+   * Days a browser that signed in (device cookie) or an address a user signed in from stays
+   * known to that user's account; known clients are not shut out by its lock. 0: no client is known.
+   */
+  loginKnownClientDays: number
   /** Shares sign-in throttling across instances; in memory when unset. */
   redisUrl: string | undefined
+  /** How long to wait for Redis to answer one command (or to connect) before the request gets 503. */
+  redisCommandTimeoutMs: number
   /** Origins besides the service's own from which cookie-authenticated writes are accepted (CSRF). */
   trustedOrigins: string[]
+  /**
+   * The web UI's page to send a browser to after sign-in when the sign-in link
+   * named no `next`; unset, gatehouse shows its own signed-in page.
+   */
+  loginDefaultNext: string | undefined
   /** Requests a minute per credential (API key or session); 0 switches the general limit off. */
   rateLimitPerCredential: number
   /** Requests a minute per client address for requests without a credential. */
   rateLimitPerAddress: number
+  /** Deliver webhooks to loopback, private, link-local and other internal addresses (SSRF guard off). */
+  webhookAllowPrivate: boolean
+  /** One webhook request's deadline: connecting, sending and reading the answer. */
+  webhookTimeoutMs: number
+  /** How often each instance looks for due webhook deliveries. */
+  webhookPollIntervalMs: number
+  /** How long a delivery is retried before it is given up; also how long an endpoint may fail before it is disabled. */
+  webhookRetryHorizonMs: number
+  /** The first retry's delay; each later one doubles, up to webhookRetryMaxDelayMs, with jitter. */
+  webhookRetryBaseMs: number
+  webhookRetryMaxDelayMs: number
+  /** How long a rotated-out signing secret keeps signing deliveries alongside the new one. */
+  webhookSecretOverlapMs: number
+  /** Webhook requests one instance has in flight at once. */
+  webhookConcurrency: number
+  /** Run the delivery worker here; off, the instance only queues deliveries (others deliver them). */
+  webhookDelivery: boolean
+  /** Who must have a second factor: nobody, admins, or everyone (docs/mfa.md). */
+  mfaRequired: 'off' | 'admins' | 'all'
+  /** AES-256 key for TOTP secrets at rest; without it TOTP cannot be enrolled (passkeys still can). */
+  mfaEncryptionKey: Buffer | undefined
+  /** Wrong second-factor codes per account, from anywhere, before 429 (per LOGIN_FAILURE_WINDOW_S). */
+  mfaMaxFailures: number
+  /** WebAuthn relying party id (a domain); the request's host name when unset. */
+  webauthnRpId: string | undefined
+  /** Origins passkey ceremonies may come from; the request's own origin when unset. */
+  webauthnOrigins: string[]
 }
 
 export class ConfigError extends Error {}
@@ -72,6 +120,10 @@ const DEFAULTS: Config = {
   databaseSchema: undefined,
   databasePoolSize: 10,
   databaseStatementTimeoutMs: 5000,
+  // Unless set, a second beyond the statement timeout, so that a merely slow
+  // statement is cancelled by the server first and its connection kept.
+  databaseQueryTimeoutMs: 6000,
+  databaseAcquireTimeoutMs: 5000,
   logLevel: 'info',
   allowQueryApiKey: true,
   bodyLimitBytes: 64 * 1024,
@@ -97,11 +149,28 @@ const DEFAULTS: Config = {
   loginFailureWindowMs: 15 * 60_000,
   accountLockThreshold: 50,
   accountLockMs: 15 * 60_000,
+  loginKnownClientDays: 30,
   redisUrl: undefined,
+  redisCommandTimeoutMs: 2000,
   trustedOrigins: [],
+  loginDefaultNext: undefined,
   rateLimitPerCredential: 60_000,
   // Every request from an address counts, so one NAT or an untrusted proxy in front carries a whole office's UI traffic.
-  rateLimitPerAddress: 60_000
+  rateLimitPerAddress: 60_000,
+  webhookAllowPrivate: false,
+  webhookTimeoutMs: 10_000,
+  webhookPollIntervalMs: 1000,
+  webhookRetryHorizonMs: 3 * 86_400_000,
+  webhookRetryBaseMs: 5000,
+  webhookRetryMaxDelayMs: 3_600_000,
+  webhookSecretOverlapMs: 86_400_000,
+  webhookConcurrency: 10,
+  webhookDelivery: true,
+  mfaRequired: 'off',
+  mfaEncryptionKey: undefined,
+  mfaMaxFailures: 5,
+  webauthnRpId: undefined,
+  webauthnOrigins: []
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
@@ -109,7 +178,8 @@ export const ARGON2_MIN_MEMORY_KIB = 19_456
 export const ARGON2_MIN_TIME_COST = 2
 
 export function defaultConfig (overrides: Partial<Config> = {}): Config {
-  return validate({ ...DEFAULTS, ...overrides })
+  const databaseQueryTimeoutMs = (overrides.databaseStatementTimeoutMs ?? DEFAULTS.databaseStatementTimeoutMs) + 1000
+  return validate({ ...DEFAULTS, databaseQueryTimeoutMs, ...overrides })
 }
 
 export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
@@ -139,6 +209,8 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databaseSchema = str('DATABASE_SCHEMA')
   c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
   c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
+  c.databaseQueryTimeoutMs = int('DATABASE_QUERY_TIMEOUT_MS', c.databaseStatementTimeoutMs + 1000)
+  c.databaseAcquireTimeoutMs = int('DATABASE_ACQUIRE_TIMEOUT_MS', c.databaseAcquireTimeoutMs)
   c.logLevel = str('LOG_LEVEL') ?? c.logLevel
   c.allowQueryApiKey = bool('ALLOW_QUERY_API_KEY', c.allowQueryApiKey)
   c.bodyLimitBytes = int('BODY_LIMIT_BYTES', c.bodyLimitBytes)
@@ -169,10 +241,37 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.loginFailureWindowMs = int('LOGIN_FAILURE_WINDOW_S', c.loginFailureWindowMs / 1000) * 1000
   c.accountLockThreshold = int('ACCOUNT_LOCK_THRESHOLD', c.accountLockThreshold)
   c.accountLockMs = int('ACCOUNT_LOCK_S', c.accountLockMs / 1000) * 1000
+  c.loginKnownClientDays = int('LOGIN_KNOWN_CLIENT_DAYS', c.loginKnownClientDays)
   c.redisUrl = str('REDIS_URL')
+  c.redisCommandTimeoutMs = int('REDIS_COMMAND_TIMEOUT_MS', c.redisCommandTimeoutMs)
   c.rateLimitPerCredential = int('RATE_LIMIT_PER_CREDENTIAL', c.rateLimitPerCredential)
   c.rateLimitPerAddress = int('RATE_LIMIT_PER_ADDRESS', c.rateLimitPerAddress)
+  c.webhookAllowPrivate = bool('WEBHOOK_ALLOW_PRIVATE', c.webhookAllowPrivate)
+  c.webhookTimeoutMs = int('WEBHOOK_TIMEOUT_MS', c.webhookTimeoutMs)
+  c.webhookPollIntervalMs = int('WEBHOOK_POLL_INTERVAL_MS', c.webhookPollIntervalMs)
+  c.webhookRetryHorizonMs = int('WEBHOOK_RETRY_HORIZON_S', c.webhookRetryHorizonMs / 1000) * 1000
+  c.webhookRetryBaseMs = int('WEBHOOK_RETRY_BASE_MS', c.webhookRetryBaseMs)
+  c.webhookRetryMaxDelayMs = int('WEBHOOK_RETRY_MAX_DELAY_S', c.webhookRetryMaxDelayMs / 1000) * 1000
+  c.webhookSecretOverlapMs = int('WEBHOOK_SECRET_OVERLAP_S', c.webhookSecretOverlapMs / 1000) * 1000
+  c.webhookConcurrency = int('WEBHOOK_CONCURRENCY', c.webhookConcurrency)
+  c.webhookDelivery = bool('WEBHOOK_DELIVERY', c.webhookDelivery)
   c.trustedOrigins = (str('TRUSTED_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
+  c.loginDefaultNext = str('LOGIN_DEFAULT_NEXT')
+  const mfaRequired = str('MFA_REQUIRED') ?? c.mfaRequired
+  if (mfaRequired !== 'off' && mfaRequired !== 'admins' && mfaRequired !== 'all') {
+    throw new ConfigError(`MFA_REQUIRED must be off, admins or all, got "${mfaRequired}"`)
+  }
+  c.mfaRequired = mfaRequired
+  const mfaKey = str('MFA_ENCRYPTION_KEY')
+  if (mfaKey !== undefined) {
+    // 32 bytes as 64 hex digits or as base64 (`openssl rand -base64 32`); anything else is a typo, not a key.
+    const bytes = /^[0-9a-fA-F]{64}$/.test(mfaKey) ? Buffer.from(mfaKey, 'hex') : /^[A-Za-z0-9+/_-]{43}=?$/.test(mfaKey) ? Buffer.from(mfaKey, 'base64') : undefined
+    if (bytes?.length !== 32) throw new ConfigError('MFA_ENCRYPTION_KEY must be 32 bytes, as 64 hex digits or base64 (openssl rand -base64 32)')
+    c.mfaEncryptionKey = bytes
+  }
+  c.mfaMaxFailures = int('MFA_MAX_FAILURES', c.mfaMaxFailures)
+  c.webauthnRpId = str('WEBAUTHN_RP_ID')
+  c.webauthnOrigins = (str('WEBAUTHN_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   return validate(c)
 }
 
@@ -202,11 +301,42 @@ function validate (c: Config): Config {
   for (const origin of c.trustedOrigins) {
     if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`TRUSTED_ORIGINS entries look like https://ui.example.com, got "${origin}"`)
   }
+  // 0 would mean "wait for ever" to the drivers: exactly the stall these bounds exist to prevent.
+  if (c.databaseQueryTimeoutMs < 1 || c.databaseAcquireTimeoutMs < 1 || c.redisCommandTimeoutMs < 1) {
+    throw new ConfigError('DATABASE_QUERY_TIMEOUT_MS, DATABASE_ACQUIRE_TIMEOUT_MS and REDIS_COMMAND_TIMEOUT_MS must be at least 1')
+  }
+  if (c.loginDefaultNext !== undefined && !isSameOriginPath(c.loginDefaultNext)) {
+    throw new ConfigError(`LOGIN_DEFAULT_NEXT must be a path on this origin such as / or /pipelines, got "${c.loginDefaultNext}"`)
+  }
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
+  if (c.webhookTimeoutMs < 1 || c.webhookPollIntervalMs < 1 || c.webhookRetryBaseMs < 1 || c.webhookConcurrency < 1) {
+    throw new ConfigError('WEBHOOK_TIMEOUT_MS, WEBHOOK_POLL_INTERVAL_MS, WEBHOOK_RETRY_BASE_MS and WEBHOOK_CONCURRENCY must be at least 1')
+  }
+  if (c.webhookRetryHorizonMs < 1 || c.webhookRetryMaxDelayMs < 1) {
+    throw new ConfigError('WEBHOOK_RETRY_HORIZON_S and WEBHOOK_RETRY_MAX_DELAY_S must be at least 1')
+  }
   if (Number.isNaN(c.legacySunset.getTime())) throw new ConfigError('LEGACY_SUNSET must be a date')
   if ((c.bootstrapAdminUsername === undefined) !== (c.bootstrapAdminPassword === undefined)) {
     throw new ConfigError('GATEHOUSE_ADMIN_USERNAME and GATEHOUSE_ADMIN_PASSWORD go together')
   }
+  // The API's username rule, which the bootstrap path does not pass through otherwise.
+  if (c.bootstrapAdminUsername !== undefined && !new RegExp(USERNAME_PATTERN).test(c.bootstrapAdminUsername)) {
+    throw new ConfigError('GATEHOUSE_ADMIN_USERNAME must be 1 to 64 characters from A-Z a-z 0-9 . _ @ -')
+  }
+  if (c.mfaEncryptionKey !== undefined && c.mfaEncryptionKey.length !== 32) throw new ConfigError('MFA_ENCRYPTION_KEY must be 32 bytes')
+  if (c.mfaMaxFailures < 1) throw new ConfigError('MFA_MAX_FAILURES must be at least 1')
+  for (const origin of c.webauthnOrigins) {
+    if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`WEBAUTHN_ORIGINS entries look like https://ui.example.com, got "${origin}"`)
+  }
   return Object.freeze(c)
+}
+
+/**
+ * A path on this origin and nothing else: one leading `/` (not `//` or `/\`,
+ * which browsers read as another host), no backslash or control character,
+ * at most 2048 characters. What the sign-in page accepts as `next`.
+ */
+export function isSameOriginPath (value: string): boolean {
+  return value.length <= 2048 && /^\/(?![/\\])/.test(value) && !/[\p{Cc}\\]/u.test(value)
 }

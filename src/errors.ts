@@ -1,4 +1,6 @@
-import { STATUS_CODES } from 'node:http'
+import { randomUUID } from 'node:crypto'
+import { STATUS_CODES, type ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 
 /**
@@ -8,6 +10,9 @@ import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from
 export type ErrorCode =
   | 'validation_failed'
   | 'malformed_body'
+  | 'malformed_request'
+  | 'headers_too_large'
+  | 'request_timeout'
   | 'payload_too_large'
   | 'unsupported_media_type'
   | 'route_not_found'
@@ -16,6 +21,9 @@ export type ErrorCode =
   | 'forbidden'
   | 'user_not_found'
   | 'api_key_not_found'
+  | 'webhook_not_found'
+  | 'webhook_delivery_not_found'
+  | 'webhook_url_refused'
   | 'username_taken'
   | 'email_taken'
   | 'last_admin'
@@ -32,6 +40,15 @@ export type ErrorCode =
   | 'csrf_rejected'
   | 'conflict'
   | 'rate_limited'
+  | 'mfa_failed'
+  | 'mfa_required'
+  | 'mfa_not_enrolled'
+  | 'totp_not_configured'
+  | 'totp_already_enrolled'
+  | 'totp_not_pending'
+  | 'invalid_code'
+  | 'passkey_not_found'
+  | 'passkey_rejected'
   | 'server_busy'
   | 'database_unavailable'
   | 'dependency_unavailable'
@@ -122,7 +139,7 @@ function fieldErrorsFrom (error: FastifyError): FieldError[] {
   })
 }
 
-function escapePointer (token: string): string {
+export function escapePointer (token: string): string {
   return token.replace(/~/g, '~0').replace(/\//g, '~1')
 }
 
@@ -142,7 +159,8 @@ const FASTIFY_ERRORS: Record<string, [ErrorCode, number, string]> = {
   FST_FILES_LIMIT: ['validation_failed', 422, 'File uploads are not accepted; send form fields only.'],
   FST_FIELDS_LIMIT: ['payload_too_large', 413, 'The form has more fields than this service accepts.'],
   FST_PROTO_VIOLATION: ['malformed_body', 400, 'The body contains a forbidden property name.'],
-  FST_ERR_BAD_URL: ['route_not_found', 404, 'The URL could not be decoded.']
+  FST_ERR_BAD_URL: ['route_not_found', 404, 'The URL could not be decoded.'],
+  FST_ERR_ASYNC_CONSTRAINT: ['internal_error', 500, 'Something went wrong on our side. The request id identifies it in our logs.']
 }
 
 function toAppError (error: unknown): AppError {
@@ -161,6 +179,10 @@ function toAppError (error: unknown): AppError {
   }
   if (e instanceof SyntaxError && e.statusCode === 400) {
     return new AppError('malformed_body', 400, 'The body is not valid JSON.', { cause: error })
+  }
+  // busboy throws this plain Error, before reading a byte, for `multipart/form-data` without `boundary=`.
+  if (e.message === 'Multipart: Boundary not found') {
+    return new AppError('malformed_body', 400, 'A multipart/form-data body needs a boundary parameter: Content-Type: multipart/form-data; boundary=…', { cause: error })
   }
   if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
     return new AppError(e.statusCode === 429 ? 'rate_limited' : 'malformed_body', e.statusCode, e.statusCode === 429 ? 'Too many requests; slow down.' : 'The request could not be processed.', { cause: error })
@@ -194,25 +216,65 @@ export function mapDatabaseError (error: unknown): AppError | undefined {
     return new AppError('conflict', 409, 'The change refers to a record that no longer exists.', { cause: error })
   }
   if (PG_UNAVAILABLE.test(code) || NET_UNAVAILABLE.has(code) ||
-      /timeout exceeded when trying to connect|Connection terminated|connect ECONNREFUSED/.test(message)) {
+      /timeout exceeded when trying to connect|Connection terminated|connect ECONNREFUSED|is not queryable/.test(message)) {
     return new AppError('database_unavailable', 503, 'The database is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
-  // ioredis, when the shared Redis (sign-in throttling, request limits) cannot be reached.
-  if ((error as { name?: unknown }).name === 'MaxRetriesPerRequestError' || /^Connection is closed|Stream isn't writeable/.test(message)) {
+  // ioredis, when the shared Redis (sign-in throttling, request limits) cannot be reached or does not answer in time.
+  if ((error as { name?: unknown }).name === 'MaxRetriesPerRequestError' || /^(Connection is closed|Stream isn't writeable|Command timed out|Socket timeout)/.test(message)) {
     return new AppError('dependency_unavailable', 503, 'A service this one depends on is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
   if (code === '40P01' || code === '40001') {
     return new AppError('conflict', 409, 'A concurrent change got in the way; retry the request.', { cause: error })
   }
-  if (code === '57014') {
+  // The server's statement_timeout, or the client's query_timeout when the server does not answer at all.
+  if (code === '57014' || message === 'Query read timeout') {
     return new AppError('database_unavailable', 503, 'The database took too long to answer; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
   return undefined
 }
 
+/**
+ * Node fails the request stream with ECONNRESET "aborted" when the client
+ * hangs up before sending its whole body. Nobody is left to answer, and it is
+ * not our failure (nor the database's, which the same code would otherwise suggest).
+ */
+function isClientAbort (error: unknown, request: FastifyRequest): boolean {
+  return (error as { code?: unknown } | null)?.code === 'ECONNRESET' && request.raw.readableAborted
+}
+
+const JSON_HINT = 'send JSON with Content-Type: application/json'
+
+/**
+ * `curl -d '{…}'` sends JSON as application/x-www-form-urlencoded, and a bare
+ * HTTP client may send no Content-Type at all: say so, instead of reporting a
+ * field named `{"username": …}` or a media type nobody sent.
+ */
+function withContentTypeHint (appError: AppError, request: FastifyRequest): AppError {
+  const type = request.headers['content-type']
+  const essence = type?.split(';')[0]!.trim().toLowerCase()
+  let detail: string | undefined
+  if (appError.code === 'unsupported_media_type' && type === undefined) {
+    detail = `The request has a body but no Content-Type; ${JSON_HINT}.`
+  } else if (appError.code === 'validation_failed' && appError.errors?.some(e => e.in === 'body')) {
+    const body = request.body
+    if (type === undefined && body === undefined) {
+      detail = `The request has no body; ${JSON_HINT}.`
+    } else if (essence === 'application/x-www-form-urlencoded' && typeof body === 'object' && body !== null &&
+        Object.keys(body).some(name => /^\s*[{[]/.test(name))) {
+      detail = `The body looks like JSON but was sent as application/x-www-form-urlencoded (what curl -d sends unless told otherwise); ${JSON_HINT}.`
+    }
+  }
+  if (detail === undefined) return appError
+  return new AppError(appError.code, appError.status, detail, { cause: appError.cause, errors: appError.errors, headers: appError.headers, extensions: appError.extensions })
+}
+
 export function registerErrorHandling (app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
-    const appError = toAppError(error)
+    if (isClientAbort(error, request)) {
+      request.log.info({ err: error }, 'client closed the connection before sending the whole request')
+      return sendProblem(reply, new AppError('malformed_body', 400, 'The request ended before its body was complete.', { cause: error }))
+    }
+    const appError = withContentTypeHint(toAppError(error), request)
     if (appError.status >= 500) {
       request.log.error({ err: appError.cause ?? error, code: appError.code }, 'request failed')
     } else if (appError.cause !== undefined && appError.code === 'conflict') {
@@ -235,4 +297,77 @@ const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'] as const
 function allowedMethods (app: FastifyInstance, request: FastifyRequest): string[] {
   const url = request.url.split('?')[0] ?? ''
   return METHODS.filter(method => method !== request.method && app.findRoute({ method, url }) !== null)
+}
+
+/**
+ * Headers every answer carries (app.ts sets them in onSend); the two handlers
+ * below answer outside any route, where no hook runs.
+ */
+const STANDING_HEADERS: Record<string, string> = {
+  'Cache-Control': 'no-store',
+  'X-Content-Type-Options': 'nosniff',
+  'Referrer-Policy': 'no-referrer'
+}
+
+/**
+ * Fastify's `frameworkErrors`: a URL whose percent-encoding cannot be decoded,
+ * or a path parameter longer than the router takes, found before routing.
+ */
+export function answerFrameworkError (error: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
+  const appError = error.code === 'FST_ERR_MAX_PARAM_LENGTH'
+    ? new AppError('validation_failed', 422, 'The request does not match the schema of this operation.', {
+      errors: [{ in: 'path', pointer: '', detail: 'a path parameter is longer than this service accepts' }]
+    })
+    : toAppError(error)
+  if (appError.status >= 500) request.log.error({ err: error }, 'request failed')
+  reply.headers({ ...STANDING_HEADERS, 'X-Request-Id': request.id })
+  sendProblem(reply, appError)
+  request.log.info({ req: request, res: reply }, 'request completed')
+}
+
+const CLIENT_ERRORS: Record<string, [ErrorCode, number, string]> = {
+  HPE_HEADER_OVERFLOW: ['headers_too_large', 431, 'The request headers are larger than this service accepts.'],
+  ERR_HTTP_REQUEST_TIMEOUT: ['request_timeout', 408, 'The request was not received in time (REQUEST_TIMEOUT_MS).']
+}
+
+/** The method of the request whose bytes Node could not parse, when they show its request line. */
+function methodOf (socket: Socket, rawPacket: unknown): string | undefined {
+  // Once the headers are parsed, Node has a response object for the request (the body may still be arriving).
+  const response = (socket as Socket & { _httpMessage?: ServerResponse })._httpMessage
+  if (response?.req !== undefined) return response.req.method
+  if (!Buffer.isBuffer(rawPacket)) return undefined
+  return /^([A-Z]+) \S+ HTTP\/1\.[01]\r?\n/.exec(rawPacket.subarray(0, 8192).toString('latin1'))?.[1]
+}
+
+/**
+ * Fastify's `clientErrorHandler`: what Node's HTTP parser rejects before a
+ * request exists (oversized headers, a request not received within
+ * REQUEST_TIMEOUT_MS, bytes that are not HTTP). The answer is written to the
+ * socket by hand, as a problem, then the connection is closed. A HEAD request
+ * gets no body; nor does one whose request line is not in the packet at hand,
+ * as it may have been HEAD.
+ */
+export function answerClientError (this: FastifyInstance, err: Error & { code?: string, rawPacket?: unknown }, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return
+  const [code, status, detail] = CLIENT_ERRORS[err.code ?? ''] ?? ['malformed_request', 400, 'The request is not well-formed HTTP/1.1.']
+  // Not the error itself: it carries the raw bytes received, credentials included.
+  this.log.info({ code, reason: err.code, remoteAddress: socket.remoteAddress }, 'refused a request before it was received whole')
+  const response = (socket as Socket & { _httpMessage?: ServerResponse })._httpMessage
+  // An answer is already on its way: cut it off, as Node does.
+  if (response?.headersSent === true || !socket.writable) {
+    socket.destroy(err)
+    return
+  }
+  const method = methodOf(socket, err.rawPacket)
+  const requestId = randomUUID()
+  const body = method !== undefined && method !== 'HEAD' ? JSON.stringify(problemFor(new AppError(code, status, detail), requestId)) : ''
+  const headers = {
+    Connection: 'close',
+    ...(body !== '' ? { 'Content-Type': 'application/problem+json; charset=utf-8' } : {}),
+    'Content-Length': String(Buffer.byteLength(body)),
+    'X-Request-Id': requestId,
+    ...STANDING_HEADERS
+  }
+  socket.write(`HTTP/1.1 ${status} ${STATUS_CODES[status] ?? ''}\r\n${Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`).join('')}\r\n${body}`)
+  socket.destroy(err)
 }

@@ -35,22 +35,46 @@ export async function startServer (): Promise<void> {
     }
     throw error
   }
-  const address = await app.listen({ host: config.host, port: config.port })
   const base = `http://${config.host.includes(':') ? `[${config.host}]` : config.host}:${config.port}${config.basePath}`
-
-  if (generatedKey !== undefined) {
-    // Printed once, to the terminal only: the database keeps just its digest.
-    process.stdout.write(
-      `\nAdmin API key (shown once, store it now): ${generatedKey}\n` +
-      `Open ${base}/docs, click Authorize, paste this key.\n\n`
-    )
+  let address: string
+  try {
+    address = await app.listen({ host: config.host, port: config.port })
+  } catch (error) {
+    const problem = listenProblem(error as NodeJS.ErrnoException, config.host, config.port)
+    if (problem === undefined) throw error
+    // The key is stored already and a later start never makes another: losing it here would lock the admin out.
+    if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
+    process.stderr.write(`gatehouse: ${problem}\n`)
+    await app.close()
+    process.exit(1)
   }
+
+  if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
   app.log.info({ address, docs: `${base}/docs` }, 'gatehouse is serving')
 
   closeWithGrace({ delay: 10_000 }, async ({ err }) => {
     if (err !== undefined) app.log.error({ err }, 'shutting down after an error')
     await app.close()
   })
+}
+
+/** Printed once, to the terminal only: the database keeps just its digest. */
+function printGeneratedKey (key: string, base: string): void {
+  process.stdout.write(
+    `\nAdmin API key (shown once, store it now): ${key}\n` +
+    `Open ${base}/docs, click Authorize, paste this key.\n\n`
+  )
+}
+
+/** A listen failure the operator fixes through HOST or PORT, said in one line; undefined for anything else. */
+function listenProblem (error: NodeJS.ErrnoException, host: string, port: number): string | undefined {
+  switch (error.code) {
+    case 'EADDRINUSE': return `port ${port} on ${host} is in use; set PORT to a free port, or stop the process that holds it`
+    case 'EACCES': return `not allowed to listen on port ${port} on ${host} (ports below 1024 need privileges); set PORT to 1024 or above`
+    case 'EADDRNOTAVAIL': return `cannot listen on ${host}: no network interface of this machine has that address; set HOST (0.0.0.0 for all)`
+    case 'ENOTFOUND': case 'EAI_AGAIN': return `cannot listen on ${host}: the name does not resolve; set HOST to an address of this machine`
+    default: return undefined
+  }
 }
 
 // Started directly (`tsx src/server.ts`), not imported by the CLI.

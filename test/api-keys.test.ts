@@ -150,6 +150,10 @@ for (const dialect of dialects()) {
         { url: `/auth/api/users?API_KEY=${revokedSentinel.key}` },
         { url: `/auth/api/nowhere?API_KEY=${sentinel.key}` },
         { url: `/auth/api/users?limit=0&API_KEY=${sentinel.key}` },
+        // The same parameter, percent-encoded: the query parser decodes the name, so it authenticates.
+        { url: `/auth/api/users?limit=1&API%5FKEY=${sentinel.key}` },
+        { url: `/auth/api/users?%41PI_KEY=${sentinel.key}&limit=1` },
+        { url: `/auth/api/nowhere?%41PI%5FKEY=${revokedSentinel.key}` },
         { url: '/auth/api/users', headers: { authorization: `Bearer ${revokedSentinel.key}` } },
         { url: '/auth/api/users?limit=1', headers: { 'x-api-key': sentinel.key } }
       ]) {

@@ -58,10 +58,18 @@ describe('db-user rules (no database needed)', () => {
   it('spells out every attribute, and takes only the known privileges', () => {
     assert.equal(createRoleSql('ada', parsePrivileges('login,createdb'), undefined),
       'CREATE ROLE "ada" WITH LOGIN NOSUPERUSER CREATEDB NOCREATEROLE INHERIT NOREPLICATION NOBYPASSRLS')
-    assert.match(createRoleSql('ada', parsePrivileges(' SUPERUSER '), scramVerifier('x')), /^CREATE ROLE "ada" WITH NOLOGIN SUPERUSER NOCREATEDB NOCREATEROLE .* PASSWORD 'SCRAM-SHA-256\$4096:/)
     assert.throws(() => parsePrivileges('login,replication'), /unknown privilege "replication"/)
     assert.throws(() => parsePrivileges(','), /comma-separated/)
     assert.throws(() => createRoleSql('a"b', new Set(), undefined), /not a valid database role name/)
+  })
+
+  it('always gives a database user LOGIN, as CREATE USER does, whatever --privileges lists', () => {
+    assert.match(createRoleSql('ada', parsePrivileges(' SUPERUSER '), scramVerifier('x')), /^CREATE ROLE "ada" WITH LOGIN SUPERUSER NOCREATEDB NOCREATEROLE .* PASSWORD 'SCRAM-SHA-256\$4096:/)
+    assert.match(createRoleSql('ada', parsePrivileges('superuser,createdb'), undefined), /^CREATE ROLE "ada" WITH LOGIN SUPERUSER CREATEDB NOCREATEROLE /)
+    assert.match(createRoleSql('ada', new Set(), undefined), /^CREATE ROLE "ada" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE /)
+    assert.deepEqual([...parsePrivileges('createdb')].sort(), ['createdb', 'login'])
+    assert.deepEqual([...parsePrivileges('login')], ['login'], '"login" is still accepted, and adds nothing')
+    assert.throws(() => parsePrivileges('nologin'), /unknown privilege "nologin".*always has LOGIN/)
   })
 
   it('builds a SCRAM-SHA-256 verifier of the password with a fresh 16-byte salt', () => {
@@ -134,10 +142,11 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     await asRole.end()
 
     const superName = newName()
-    const su = await runCli(['db-user', 'create', superName, '--privileges', 'superuser,createrole', '--password-stdin'], { env, input: 'another password\n' })
+    const su = await runCli(['db-user', 'create', superName, '--privileges', 'superuser,createrole', '--password-stdin', '--json'], { env, input: 'another password\n' })
     assert.equal(su.code, 0, su.stderr)
     assert.match(su.stderr, /^gatehouse: warning: superuser bypasses every permission check[^\n]*\n$/)
-    assert.deepEqual([(await roleRow(superName))!.rolsuper, (await roleRow(superName))!.rolcanlogin, (await roleRow(superName))!.rolcreaterole, (await roleRow(superName))!.rolcreatedb], [true, false, true, false])
+    assert.deepEqual(JSON.parse(su.stdout).privileges, ['superuser', 'createrole', 'login'])
+    assert.deepEqual([(await roleRow(superName))!.rolsuper, (await roleRow(superName))!.rolcanlogin, (await roleRow(superName))!.rolcreaterole, (await roleRow(superName))!.rolcreatedb], [true, true, true, false])
 
     const dropped = await runCli(['db-user', 'drop', name], { env })
     assert.equal(dropped.code, 0, dropped.stderr)
@@ -147,6 +156,20 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     const again = await runCli(['db-user', 'drop', name], { env })
     assert.equal(again.code, 1)
     assert.match(again.stderr, /no database role is named/)
+  })
+
+  it('creates a database user that can log in even when --privileges leaves login out', async () => {
+    const name = newName()
+    const password = `pw ${randomBytes(6).toString('hex')}`
+    const r = await runCli(['db-user', 'create', name, '--privileges', 'superuser,createdb', '--password-stdin'], { env, input: `${password}\n` })
+    assert.equal(r.code, 0, r.stderr)
+    assert.equal(r.stdout, `Created database role ${name} (superuser, createdb, login)\n`)
+    assert.equal((await roleRow(name))!.rolcanlogin, true)
+    const target = new URL(url!)
+    const asRole = new pg.Client({ user: name, password, host: target.hostname, port: Number(target.port || 5432), database: target.pathname.slice(1) })
+    await asRole.connect()
+    assert.equal((await asRole.query('SELECT current_user AS u')).rows[0].u, name)
+    await asRole.end()
   })
 
   it('never alters an existing role, and refuses reserved and hostile names without touching the database', async () => {

@@ -1,10 +1,12 @@
 import assert from 'node:assert/strict'
 import { once } from 'node:events'
 import { spawn } from 'node:child_process'
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { createServer } from 'node:net'
+import { PassThrough, Writable } from 'node:stream'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import { randomBytes, scryptSync } from 'node:crypto'
 import { hashSync as bcryptHashSync } from '@node-rs/bcrypt'
 import { after, before, describe, it } from 'node:test'
@@ -13,6 +15,7 @@ import { buildApp } from '../src/app.ts'
 import { defaultConfig } from '../src/config.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
 import { BIN, listen, runCli } from './cli-helpers.ts'
+import { openHiddenPrompt } from '../src/cli/prompt.ts'
 
 const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-cli-'))
 after(() => { rmSync(tmp, { recursive: true, force: true }) })
@@ -54,24 +57,83 @@ describe('gatehouse: usage and exit codes', () => {
   })
 })
 
+describe('gatehouse users import: a file it cannot read', () => {
+  it('exits 1 with one line naming the file, before contacting the service', async () => {
+    const folder = join(tmp, 'a-folder.csv')
+    mkdirSync(folder)
+    // Nothing listens there: the file is judged first.
+    const env = { GATEHOUSE_URL: 'http://127.0.0.1:9/auth', GATEHOUSE_API_KEY: 'k' }
+    const cases: Array<[string[], string]> = [
+      [[join(tmp, 'missing.csv')], 'no such file'],
+      [[join(tmp, 'missing.jsonl')], 'no such file'],
+      [[join(tmp, 'missing'), '--format', 'csv'], 'no such file'],
+      [[folder], 'it is a directory']
+    ]
+    for (const [args, reason] of cases) {
+      const r = await runCli(['users', 'import', ...args], { env })
+      assert.equal(r.code, 1, r.stderr)
+      assert.equal(r.stderr, `gatehouse: cannot read ${args[0]!}: ${reason}\n`)
+      assert.equal(r.stdout, '')
+    }
+  })
+})
+
 describe('gatehouse: password prompt on a terminal', () => {
   const script = ['/usr/bin/script', '/bin/script'].find(existsSync)
-  it('asks twice without echoing, and refuses a mismatch', { skip: script === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
-    // script(1) gives the CLI a pseudo-terminal; each answer is typed once the prompt is shown.
+  // script(1) gives the CLI a pseudo-terminal. Both answers are typed the moment the first prompt shows, as a
+  // fast typist or a paste would: echo must already be off then, and stay off until the second answer is read.
+  const typeAhead = async (answers: string): Promise<{ code: number | null, output: string }> => {
     const child = spawn(script!, ['-qec', `${JSON.stringify(process.execPath)} ${JSON.stringify(BIN)} db-user create gh_prompt --password-prompt`, '/dev/null'], {
       env: { ...process.env, SERVICE_DATABASE_URL: '' },
       stdio: ['pipe', 'pipe', 'pipe']
     })
     let output = ''
-    const answers = [['Password: ', 'Typed-Secret-1\r'], ['Repeat the password: ', 'Typed-Secret-2\r']]
+    let typed = false
     child.stdout.setEncoding('utf8').on('data', (d: string) => {
       output += d
-      while (answers.length > 0 && output.includes(answers[0]![0]!)) child.stdin.write(answers.shift()![1]!)
+      if (!typed && output.includes('Password: ')) {
+        typed = true
+        child.stdin.write(answers)
+      }
     })
+    // A lost answer would leave the CLI waiting for ever: fail instead.
+    const killer = setTimeout(() => child.kill('SIGKILL'), 15_000)
     const [code] = await once(child, 'exit') as [number | null]
-    assert.equal(code, 1, output)
-    assert.match(output, /gatehouse: the passwords do not match/)
-    assert.ok(!output.includes('Typed-Secret'), 'the password was echoed')
+    clearTimeout(killer)
+    return { code, output }
+  }
+
+  it('asks twice without echoing, even answers typed ahead, and refuses a mismatch', { skip: script === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
+    const mismatch = await typeAhead('Typed-Secret-1\rTyped-Secret-2\r')
+    assert.equal(mismatch.code, 1, mismatch.output)
+    assert.match(mismatch.output, /Password: \r?\nRepeat the password: \r?\ngatehouse: the passwords do not match/)
+    assert.ok(!mismatch.output.includes('Typed-Secret'), 'the password was echoed')
+
+    // The same answer twice gets past the prompt to the next check (no SERVICE_DATABASE_URL: exit 2).
+    const match = await typeAhead('Typed-Secret-1\rTyped-Secret-1\r')
+    assert.equal(match.code, 2, match.output)
+    assert.match(match.output, /gatehouse: set SERVICE_DATABASE_URL/)
+    assert.ok(!match.output.includes('Typed-Secret'), 'the password was echoed')
+  })
+})
+
+describe('gatehouse: hidden prompt', () => {
+  it('switches the terminal to raw mode (no echo) before it writes a question, and back afterwards', async () => {
+    const input = Object.assign(new PassThrough(), {
+      isRaw: false,
+      setRawMode (mode: boolean) { this.isRaw = mode; return this }
+    })
+    const writes: Array<[string, boolean]> = []
+    const output = new Writable({ write (chunk: Buffer, _encoding, done) { writes.push([chunk.toString(), input.isRaw]); done() } })
+    const prompt = openHiddenPrompt(input, output)
+    const first = prompt.ask('Password: ')
+    input.write('se\u007fecret\rtyped ahead\r')
+    assert.equal(await first, 'secret', 'Backspace edits the line')
+    assert.equal(await prompt.ask('Repeat the password: '), 'typed ahead')
+    prompt.close()
+    assert.equal(input.isRaw, false)
+    assert.deepEqual(writes, [['Password: ', true], ['\n', true], ['Repeat the password: ', true], ['\n', true]])
+    assert.ok(!writes.some(([text]) => text.includes('secret')), 'nothing typed is written back')
   })
 })
 
@@ -96,6 +158,43 @@ describe('gatehouse serve', () => {
     }
     const [code] = await once(child, 'exit') as [number | null]
     assert.equal(code, 0)
+  })
+})
+
+describe('npm start on a port that is in use', () => {
+  it('says so in one line and exits 1, and still prints the first admin key it made', { timeout: 30_000 }, async () => {
+    const holder = createServer()
+    holder.listen(0, '127.0.0.1')
+    await once(holder, 'listening')
+    const port = (holder.address() as { port: number }).port
+    const database = `sqlite:${join(tmp, 'busy-port.db')}`
+    try {
+      // What `npm start` runs (tsx src/server.ts), without npm's own output around it.
+      const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('../src/server.ts', import.meta.url))], {
+        env: { ...process.env, DATABASE_URL: database, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', GATEHOUSE_ADMIN_API_KEY: '', GATEHOUSE_ADMIN_USERNAME: '', GATEHOUSE_ADMIN_PASSWORD: '' },
+        stdio: ['ignore', 'pipe', 'pipe']
+      })
+      let stdout = ''
+      let stderr = ''
+      child.stdout.setEncoding('utf8').on('data', (d: string) => { stdout += d })
+      child.stderr.setEncoding('utf8').on('data', (d: string) => { stderr += d })
+      const killer = setTimeout(() => child.kill('SIGKILL'), 20_000)
+      const [code] = await once(child, 'exit') as [number | null]
+      clearTimeout(killer)
+      assert.equal(code, 1, stderr)
+      assert.equal(stderr, `gatehouse: port ${port} on 127.0.0.1 is in use; set PORT to a free port, or stop the process that holds it\n`)
+      // The key was stored before the port was tried; it is only ever shown once, so it is shown now.
+      const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(stdout)?.[1]
+      assert.ok(key, stdout)
+      const app = await buildApp({ config: defaultConfig({ databaseUrl: database, logLevel: 'silent' }), logger: false })
+      try {
+        assert.equal((await app.inject({ url: '/auth/api/users', headers: auth(key) })).statusCode, 200, 'the printed key works')
+      } finally {
+        await app.close()
+      }
+    } finally {
+      holder.close()
+    }
   })
 })
 
@@ -184,6 +283,8 @@ for (const dialect of dialects()) {
         assert.match(weak.stderr, /must not contain the username/)
         const invalid = await runCli(['admin', 'create', '--username', 'bad name', '--password-stdin'], { env: local, input: `${GOOD_PASSWORD}\n` })
         assert.equal(invalid.code, 2)
+        const longName = await runCli(['admin', 'create', '--name', 'k'.repeat(101)], { env: local })
+        assert.equal(longName.code, 2, 'a key name the API would refuse (over 100 characters) is a usage error')
 
         const config = defaultConfig({ databaseUrl: local.DATABASE_URL!, databaseSchema: schema, logLevel: 'silent' })
         const app = await buildApp({ config, logger: false })

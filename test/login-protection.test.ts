@@ -170,7 +170,8 @@ describe('the sign-in page', () => {
     assert.match(res.body, /<label for="password">/)
     assert.match(res.body, /autocomplete="current-password"/)
     assert.match(res.body, /name="next" value="\/pipelines"/)
-    assert.ok(!/(src|href)=/.test(res.body), 'no external scripts, styles or images')
+    assert.ok(!/src=|<link|<script/.test(res.body), 'no scripts, styles or images loaded from anywhere')
+    for (const [, href] of res.body.matchAll(/href="([^"]*)"/g)) assert.match(href!, /^\/auth\//, 'links stay on this service')
     assert.match(res.headers['content-security-policy'] as string, /default-src 'none'/)
     assert.match(res.headers['content-security-policy'] as string, /frame-ancestors 'none'/)
     // With no-referrer, browsers send "Origin: null" on the form's post and the CSRF check refuses it.
@@ -190,7 +191,7 @@ describe('the sign-in page', () => {
     for (const next of ['https://evil.example/', '//evil.example/', '/\\evil.example', 'javascript:alert(1)', '/ok\r\nSet-Cookie: x=y', 'pipelines']) {
       const res = await form({ username: user.username, password: GOOD_PASSWORD, next })
       assert.equal(res.statusCode, 303, next)
-      assert.equal(res.headers.location, '/', next)
+      assert.equal(res.headers.location, '/auth/login', next)
     }
   })
 

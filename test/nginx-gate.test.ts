@@ -1,17 +1,15 @@
 import { strict as assert } from 'node:assert'
-import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http'
-import { createServer as createNetServer, type AddressInfo } from 'node:net'
+import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { test } from 'node:test'
-import { setTimeout as sleep } from 'node:timers/promises'
 import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+import { freePort, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
 
-const NGINX = '/usr/sbin/nginx'
 const DOC = new URL('../docs/nginx.md', import.meta.url)
 const IDENTITY_HEADERS = ['X-Auth-User-Id', 'X-Auth-Username', 'X-Auth-Role', 'X-Auth-Groups', 'X-Auth-Credential']
 // The gate is the subject here, not the database: SQLite is enough.
@@ -22,17 +20,6 @@ function documentedGate (): string {
   const match = /^[ \t]*# >>> gatehouse gate\n([\s\S]*?)^[ \t]*# <<< gatehouse gate$/m.exec(readFileSync(DOC, 'utf8'))
   assert.ok(match !== null, 'docs/nginx.md marks its gate configuration with lines "# >>> gatehouse gate" and "# <<< gatehouse gate"')
   return match[1]!
-}
-
-async function freePort (): Promise<number> {
-  return await new Promise((resolve, reject) => {
-    const server = createNetServer()
-    server.once('error', reject)
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as AddressInfo
-      server.close(() => resolve(port))
-    })
-  })
 }
 
 function escapeHtml (text: string): string {
@@ -61,75 +48,14 @@ function startUpstream (hits: Hit[]): Promise<Server> {
   })
 }
 
-function nginxConf (dir: string, port: number, gatehousePort: number, upstreamPort: number): string {
-  const path = (name: string): string => JSON.stringify(join(dir, name))
-  return `${process.getuid?.() === 0 ? 'user root;\n' : ''}daemon off;
-master_process off;
-worker_processes 1;
-pid ${path('nginx.pid')};
-error_log ${path('error.log')} notice;
-events { worker_connections 128; }
-http {
-  access_log off;
-  client_body_temp_path ${path('client_body')};
-  proxy_temp_path ${path('proxy')};
-  fastcgi_temp_path ${path('fastcgi')};
-  uwsgi_temp_path ${path('uwsgi')};
-  scgi_temp_path ${path('scgi')};
-  upstream gatehouse { server 127.0.0.1:${gatehousePort}; }
+function gateConf (dir: string, port: number, gatehousePort: number, upstreamPort: number): string {
+  return nginxConf(dir, `  upstream gatehouse { server 127.0.0.1:${gatehousePort}; }
   upstream webui { server 127.0.0.1:${upstreamPort}; }
   server {
     listen 127.0.0.1:${port};
     server_name localhost;
 ${documentedGate()}
-  }
-}
-`
-}
-
-async function errorLog (dir: string): Promise<string> {
-  try {
-    return (await readFile(join(dir, 'error.log'), 'utf8')).trimEnd().split('\n').slice(-20).join('\n')
-  } catch {
-    return '(no error.log)'
-  }
-}
-
-/** Starts nginx in the foreground and waits until it proxies to gatehouse. */
-async function startNginx (dir: string, gate: string): Promise<{ proc: ChildProcess, exited: Promise<void> }> {
-  const conf = join(dir, 'nginx.conf')
-  const proc = spawn(NGINX, ['-p', `${dir}/`, '-c', conf, '-e', join(dir, 'error.log')], { stdio: ['ignore', 'ignore', 'pipe'] })
-  let stderr = ''
-  proc.stderr!.setEncoding('utf8').on('data', (chunk: string) => { stderr += chunk })
-  const exited = new Promise<void>(resolve => {
-    proc.once('exit', () => resolve())
-    proc.once('error', () => resolve())
-  })
-  const deadline = Date.now() + 15_000
-  while (Date.now() < deadline) {
-    if (proc.exitCode !== null || proc.signalCode !== null) {
-      throw new Error(`nginx exited (${proc.exitCode ?? proc.signalCode}) before it answered:\n${stderr}\n${await errorLog(dir)}`)
-    }
-    try {
-      const res = await fetch(`${gate}/auth/healthz`)
-      await res.arrayBuffer()
-      if (res.status === 200) return { proc, exited }
-    } catch {
-      // not listening yet
-    }
-    await sleep(50)
-  }
-  proc.kill('SIGKILL')
-  throw new Error(`nginx did not answer ${gate}/auth/healthz within 15 s:\n${stderr}\n${await errorLog(dir)}`)
-}
-
-async function stopNginx (nginx: { proc: ChildProcess, exited: Promise<void> }): Promise<void> {
-  if (nginx.proc.exitCode !== null || nginx.proc.signalCode !== null) return
-  nginx.proc.kill('SIGTERM')
-  if (await Promise.race([nginx.exited.then(() => 'exited'), sleep(5_000, 'timeout', { ref: false })]) === 'timeout') {
-    nginx.proc.kill('SIGKILL')
-    await nginx.exited
-  }
+  }`)
 }
 
 test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers, sign-out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
@@ -144,7 +70,7 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
   const hits: Hit[] = []
   let upstream: Server | undefined
   let dir: string | undefined
-  let nginx: { proc: ChildProcess, exited: Promise<void> } | undefined
+  let nginx: Nginx | undefined
   let browser: Browser | undefined
   try {
     await app.listen({ host: '127.0.0.1', port: 0 })
@@ -155,7 +81,7 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
     dir = await mkdtemp(join(tmpdir(), 'gatehouse-nginx-'))
     const port = await freePort()
     const gate = `http://127.0.0.1:${port}`
-    await writeFile(join(dir, 'nginx.conf'), nginxConf(dir, port, gatehousePort, upstreamPort))
+    await writeFile(join(dir, 'nginx.conf'), gateConf(dir, port, gatehousePort, upstreamPort))
     nginx = await startNginx(dir, gate)
 
     const username = uniqueName('gate')

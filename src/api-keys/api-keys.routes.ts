@@ -1,7 +1,7 @@
 import { Type } from 'typebox'
 import type { FastifyTypeBox } from '../app.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
-import { problems, ref, SECURITY } from '../lib/openapi.ts'
+import { problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyIdParams, ApiKeyWithSecret, ListApiKeysQuery } from './api-keys.schemas.ts'
 import { createApiKey, getApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from './api-keys.service.ts'
 
@@ -16,7 +16,7 @@ export default async function apiKeysRoutes (app: FastifyTypeBox): Promise<void>
       summary: 'Create API Key',
       description: 'Creates a key and returns its secret once. Only its SHA-256 digest is stored: a lost secret cannot be shown again; rotate or create another.',
       body: ref(ApiKeyCreate),
-      response: { 201: { ...ref(ApiKeyWithSecret), description: 'The key, with its secret in `key`.' }, ...problems(401, 403, 413, 415, 422, 503) }
+      response: { 201: withHeaders({ ...ref(ApiKeyWithSecret), description: 'The key, with its secret in `key`.' }, 'Location'), ...problems(401, 403, 413, 415, 422, 503) }
     },
     config
   }, async (request, reply) => {
@@ -41,6 +41,7 @@ export default async function apiKeysRoutes (app: FastifyTypeBox): Promise<void>
       ...common,
       operationId: 'get_api_key',
       summary: 'Get API Key',
+      description: 'One key, revoked or not, without its secret.',
       params: ApiKeyIdParams,
       response: { 200: { ...ref(ApiKey), description: 'The key, without its secret.' }, ...problems(401, 403, 404, 422, 503) }
     },

@@ -1,6 +1,6 @@
 import { Type } from 'typebox'
 
-export const SCOPES = ['admin', 'users:read', 'users:write', 'events:read'] as const
+export const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage'] as const
 export type Scope = typeof SCOPES[number]
 export const ScopeSchema = Type.Enum(SCOPES, {
   description: '`admin` grants everything; the others grant one kind of access.'
@@ -25,6 +25,8 @@ export interface Principal {
   user: PrincipalUser | null
   /** What the credential may do now, after its owner's role is taken into account. */
   scopes: ReadonlySet<Scope>
+  /** A session whose sign-in included a second factor (X-Auth-MFA); never an API key. */
+  mfa?: boolean
 }
 
 export function hasScope (principal: Principal, scope: Scope): boolean {

@@ -76,6 +76,8 @@ export function registerLocal (program: Command): void {
         throw new UsageError('--email and the password options go with --username')
       }
       if (options.username === undefined) {
+        // The API's rule for key names (ApiKeyCreate), which this path does not pass through.
+        if (options.name.length < 1 || options.name.length > 100) throw new UsageError('--name must have 1 to 100 characters')
         const { generateApiKeySecret, insertKeyForSecret } = await import('../api-keys/api-keys.service.ts')
         const secret = generateApiKeySecret()
         const key = await withDatabase(async (db) => await db.transaction().execute(async trx => {

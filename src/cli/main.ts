@@ -6,6 +6,7 @@ import { DEFAULT_URL } from './http.ts'
 import { registerLocal } from './local.ts'
 import { registerUsers } from './users.ts'
 import { registerKeys } from './keys.ts'
+import { registerWebhooks } from './webhooks.ts'
 import { registerDbUser } from './db-user.ts'
 
 /** Exit codes: 0 done, 1 it failed, 2 it was called wrongly (unknown option, missing setting, bad value). */
@@ -18,7 +19,7 @@ export function buildProgram (): Command {
     .description('Administer gatehouse, the Auth API: run it, migrate it, manage its users and API keys, and the optional database user.')
     .addHelpText('after', `
 Environment:
-  GATEHOUSE_URL         the running service, for users and keys (default ${DEFAULT_URL})
+  GATEHOUSE_URL         the running service, for users, keys and webhooks (default ${DEFAULT_URL})
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
   DATABASE_URL          the service's own database, for serve, migrate and admin create
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
@@ -30,6 +31,7 @@ Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
   registerLocal(program)
   registerUsers(program)
   registerKeys(program)
+  registerWebhooks(program)
   registerDbUser(program)
   return program
 }

@@ -9,9 +9,17 @@ import { CliError, UsageError } from './output.ts'
  * reaches the server, its logs or pg_stat_activity.
  */
 
+/** What a created role may have, in the order reports list them. */
 export const PRIVILEGES = ['superuser', 'createdb', 'createrole', 'login'] as const
 export type Privilege = typeof PRIVILEGES[number]
-export const DEFAULT_PRIVILEGES = 'login,createdb'
+/**
+ * What `--privileges` chooses from. A database user always has LOGIN, as
+ * CREATE USER gives it: a role for a person that cannot log in is no use to
+ * them. `login` is still accepted in the list (older scripts pass it) and
+ * changes nothing.
+ */
+export const OPTIONAL_PRIVILEGES = ['superuser', 'createdb', 'createrole'] as const
+export const DEFAULT_PRIVILEGES = 'createdb'
 
 /** Names CREATE ROLE refuses or that would shadow a role every cluster has. */
 const RESERVED = new Set(['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role', 'all'])
@@ -32,15 +40,16 @@ export function checkRoleName (name: string): void {
   if (problem !== undefined) throw new UsageError(`not a valid database role name ${JSON.stringify(name)}: ${problem}`)
 }
 
+/** The privileges `--privileges` asks for, plus `login`, which every database user has. */
 export function parsePrivileges (list: string): Set<Privilege> {
   const items = list.split(',').map(s => s.trim().toLowerCase()).filter(s => s !== '')
-  if (items.length === 0) throw new UsageError(`--privileges takes a comma-separated list of ${PRIVILEGES.join(', ')}`)
+  if (items.length === 0) throw new UsageError(`--privileges takes a comma-separated list of ${OPTIONAL_PRIVILEGES.join(', ')}`)
   for (const item of items) {
     if (!(PRIVILEGES as readonly string[]).includes(item)) {
-      throw new UsageError(`unknown privilege "${item}"; choose from ${PRIVILEGES.join(', ')}`)
+      throw new UsageError(`unknown privilege "${item}"; choose from ${OPTIONAL_PRIVILEGES.join(', ')} (a database user always has LOGIN)`)
     }
   }
-  return new Set(items as Privilege[])
+  return new Set([...items as Privilege[], 'login'])
 }
 
 export const SUPERUSER_WARNING = 'warning: superuser bypasses every permission check in the whole database cluster; grant it only to people who need it'
@@ -90,11 +99,14 @@ export function scramVerifier (password: string, { salt = randomBytes(16), itera
   return `SCRAM-SHA-256$${iterations}:${salt.toString('base64')}$${storedKey.toString('base64')}:${serverKey.toString('base64')}`
 }
 
-/** Every attribute spelled out, so the role has exactly the requested ones whatever the defaults. */
+/**
+ * Every attribute spelled out, so the role has exactly the requested ones
+ * whatever the defaults; LOGIN always (see OPTIONAL_PRIVILEGES).
+ */
 export function createRoleSql (name: string, privileges: ReadonlySet<Privilege>, verifier: string | undefined): string {
   checkRoleName(name)
   const attributes = [
-    privileges.has('login') ? 'LOGIN' : 'NOLOGIN',
+    'LOGIN',
     privileges.has('superuser') ? 'SUPERUSER' : 'NOSUPERUSER',
     privileges.has('createdb') ? 'CREATEDB' : 'NOCREATEDB',
     privileges.has('createrole') ? 'CREATEROLE' : 'NOCREATEROLE',

@@ -24,10 +24,15 @@ export async function readPassword (options: PasswordOptions, { required, confir
         ? '--password-prompt needs a terminal; pipe the password in with --password-stdin'
         : 'a password is required: pipe it in with --password-stdin, or run on a terminal to be asked')
     }
-    const first = await promptHidden('Password: ')
-    if (first === '') throw new CliError('the password is empty')
-    if (confirm && await promptHidden('Repeat the password: ') !== first) throw new CliError('the passwords do not match')
-    return first
+    const prompt = openHiddenPrompt()
+    try {
+      const first = await prompt.ask('Password: ')
+      if (first === '') throw new CliError('the password is empty')
+      if (confirm && await prompt.ask('Repeat the password: ') !== first) throw new CliError('the passwords do not match')
+      return first
+    } finally {
+      prompt.close()
+    }
   }
   return undefined
 }
@@ -49,38 +54,73 @@ export async function readPasswordFromStdin (): Promise<string> {
   return password
 }
 
-/** Reads a line from the terminal in raw mode, echoing nothing. Ctrl-C cancels (exit code 130). */
-export async function promptHidden (question: string): Promise<string> {
-  const stdin = process.stdin
-  process.stderr.write(question)
-  stdin.setRawMode(true)
-  stdin.resume()
-  stdin.setEncoding('utf8')
-  try {
-    return await new Promise<string>((resolve, reject) => {
-      let value = ''
-      const onData = (chunk: string): void => {
-        for (const char of chunk) {
-          if (char === '\r' || char === '\n' || char === '\u0004') {
-            stdin.off('data', onData)
-            resolve(value)
-            return
-          }
-          if (char === '\u0003') {
-            stdin.off('data', onData)
-            reject(new CliError('cancelled', 130))
-            return
-          }
-          if (char === '\u007f' || char === '\b') value = [...value].slice(0, -1).join('')
-          else if (char === '\u0015') value = ''
-          else if (char >= ' ') value += char
-        }
-      }
-      stdin.on('data', onData)
-    })
-  } finally {
-    stdin.setRawMode(false)
-    stdin.pause()
-    process.stderr.write('\n')
+/** What a hidden prompt needs from its input: a terminal it can switch to raw mode (no echo, no line editing). */
+export interface TerminalInput extends NodeJS.ReadableStream {
+  setRawMode: (mode: boolean) => unknown
+}
+
+export interface HiddenPrompt {
+  /** Writes the question and resolves with the next line typed; Ctrl-C rejects (exit code 130). */
+  ask: (question: string) => Promise<string>
+  /** Gives the terminal back as it was. */
+  close: () => void
+}
+
+/**
+ * Questions on the terminal with echo off for the whole exchange. Raw mode is
+ * on before the first question is written, so nothing typed once a prompt shows
+ * can echo, and it stays on between questions, so an answer typed ahead of the
+ * next question is neither echoed nor lost. Raw mode also means no line
+ * editing by the terminal: Backspace and Ctrl-U are handled here.
+ */
+export function openHiddenPrompt (input: TerminalInput = process.stdin, output: NodeJS.WritableStream = process.stderr): HiddenPrompt {
+  const answers: string[] = []
+  let line = ''
+  let cancelled = false
+  let waiting: { resolve: (answer: string) => void, reject: (error: Error) => void } | undefined
+
+  const settle = (): void => {
+    if (waiting === undefined) return
+    const { resolve, reject } = waiting
+    if (answers.length > 0) {
+      waiting = undefined
+      output.write('\n')
+      resolve(answers.shift()!)
+    } else if (cancelled) {
+      waiting = undefined
+      output.write('\n')
+      reject(new CliError('cancelled', 130))
+    }
+  }
+  const onData = (chunk: string): void => {
+    for (const char of chunk) {
+      if (cancelled) break
+      if (char === '\r' || char === '\n' || char === '\u0004') {
+        answers.push(line)
+        line = ''
+      } else if (char === '\u0003') cancelled = true
+      else if (char === '\u007f' || char === '\b') line = [...line].slice(0, -1).join('')
+      else if (char === '\u0015') line = ''
+      else if (char >= ' ') line += char
+    }
+    settle()
+  }
+
+  input.setRawMode(true)
+  input.setEncoding('utf8')
+  input.on('data', onData)
+  input.resume()
+  return {
+    ask: async (question) => await new Promise<string>((resolve, reject) => {
+      if (waiting !== undefined) throw new Error('one question at a time')
+      output.write(question)
+      waiting = { resolve, reject }
+      settle()
+    }),
+    close: () => {
+      input.off('data', onData)
+      input.setRawMode(false)
+      input.pause()
+    }
   }
 }

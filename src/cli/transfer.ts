@@ -1,7 +1,8 @@
-import { createReadStream, createWriteStream } from 'node:fs'
+import { createWriteStream } from 'node:fs'
+import { open } from 'node:fs/promises'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
-import type { Readable, Writable } from 'node:stream'
+import { pipeline, type Readable, type Writable } from 'node:stream'
 import type { Command } from 'commander'
 import { parse } from 'csv-parse'
 import pLimit from 'p-limit'
@@ -24,13 +25,36 @@ export interface ImportRow {
   body?: Record<string, unknown>
 }
 
-function input (file: string): Readable {
-  return file === '-' ? process.stdin : createReadStream(file)
+const READ_ERRORS: Record<string, string> = { ENOENT: 'no such file', EACCES: 'permission denied', EISDIR: 'it is a directory' }
+
+/** Why `file` cannot be read, in a few words (the error's own message names the file a second time). */
+function readProblem (error: unknown): string {
+  const { code, message } = error as NodeJS.ErrnoException
+  return (code !== undefined ? READ_ERRORS[code] : undefined) ?? message.replace(/^[A-Z]+: /, '').replace(/, \w+ '.*'$/, '')
 }
 
-async function * jsonLines (file: string): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
+/**
+ * Opens the file to import before anything else happens, so a wrong name is
+ * one line (exit code 1) rather than a stream error thrown from nowhere.
+ */
+async function openInput (file: string): Promise<Readable> {
+  if (file === '-') return process.stdin
+  try {
+    const handle = await open(file, 'r')
+    // Opening a directory succeeds on Linux; reading it is what fails.
+    if ((await handle.stat()).isDirectory()) {
+      await handle.close()
+      throw Object.assign(new Error('is a directory'), { code: 'EISDIR' })
+    }
+    return handle.createReadStream()
+  } catch (error) {
+    throw new CliError(`cannot read ${file}: ${readProblem(error)}`)
+  }
+}
+
+async function * jsonLines (input: Readable): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
   let line = 0
-  for await (const text of createInterface({ input: input(file), crlfDelay: Infinity })) {
+  for await (const text of createInterface({ input, crlfDelay: Infinity })) {
     line += 1
     if (text.trim() === '') continue
     try {
@@ -41,8 +65,8 @@ async function * jsonLines (file: string): AsyncGenerator<{ line: number, record
   }
 }
 
-async function * csvRows (file: string): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
-  const parser = input(file).pipe(parse({
+async function * csvRows (input: Readable): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
+  const parser = parse({
     bom: true,
     skip_empty_lines: true,
     info: true,
@@ -52,7 +76,9 @@ async function * csvRows (file: string): AsyncGenerator<{ line: number, record: 
       if (!names.includes('username')) throw new UsageError('the CSV header has no username column')
       return names
     }
-  }))
+  })
+  // pipeline, not pipe: a read error mid-file must reach the loop below, not crash the process.
+  pipeline(input, parser, () => {})
   for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>, info: { lines: number } }>) {
     yield { line: info.lines, record: fromCsv(record) }
   }
@@ -218,9 +244,10 @@ export function registerTransfer (users: Command): void {
       const format = formatOf(file, options.format)
       const client = ApiClient.fromEnv()
       const { userCreateProblems } = await import('./validate.ts')
+      const input = await openInput(file)
       const rows: ImportRow[] = []
       try {
-        for await (const { line, record, error } of format === 'csv' ? csvRows(file) : jsonLines(file)) {
+        for await (const { line, record, error } of format === 'csv' ? csvRows(input) : jsonLines(input)) {
           const username = record !== null && typeof record === 'object' && typeof (record as { username?: unknown }).username === 'string'
             ? (record as { username: string }).username
             : null
@@ -230,7 +257,7 @@ export function registerTransfer (users: Command): void {
       } catch (error) {
         if (error instanceof CliError) throw error
         const code = (error as { code?: string }).code
-        if (code === 'ENOENT' || code === 'EACCES' || code === 'EISDIR') throw new CliError(`cannot read ${file}: ${(error as Error).message}`)
+        if (code !== undefined && /^E[A-Z]+$/.test(code) && (error as { syscall?: string }).syscall !== undefined) throw new CliError(`cannot read ${file}: ${readProblem(error)}`)
         throw new CliError(`${file} is not valid ${format === 'csv' ? 'CSV' : 'JSON Lines'}: ${(error as Error).message}`)
       }
 

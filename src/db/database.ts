@@ -1,6 +1,6 @@
 import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
-import SQLite from 'better-sqlite3'
+import type SQLite from 'better-sqlite3'
 import {
   Kysely,
   PostgresAdapter,
@@ -8,10 +8,13 @@ import {
   SqliteDialect,
   sql,
   type ColumnType,
+  type PostgresPool,
+  type PostgresPoolClient,
   type SqliteDatabase
 } from 'kysely'
 import pg from 'pg'
 import type { Config } from '../config.ts'
+import { Sqlite } from './sqlite-binding.ts'
 
 /** Timestamps are written as RFC 3339 strings; PostgreSQL hands back Date, SQLite the string. */
 type Timestamp = ColumnType<Date | string, string, string>
@@ -54,6 +57,8 @@ export interface SessionsTable {
   ended_at: NullableTimestamp
   client_ip: string | null
   user_agent: string | null
+  /** A second factor (or a user-verified passkey) was shown at this sign-in; `X-Auth-MFA`. */
+  mfa: ColumnType<boolean | number, boolean | undefined, boolean>
 }
 
 export interface ApiKeysTable {
@@ -87,6 +92,112 @@ export interface EventsTable {
   data: ColumnType<Record<string, unknown> | string, string, never>
 }
 
+export interface SignInAddressesTable {
+  user_id: string
+  client_ip: string
+  last_sign_in_at: Timestamp
+}
+
+export interface TotpFactorsTable {
+  user_id: string
+  /** Encrypted (mfa/secret-box.ts). */
+  secret: string
+  confirmed_at: NullableTimestamp
+  /** bigint: pg hands it back as a string. */
+  last_time_step: ColumnType<string | number | null, number | null, number | null>
+  created_at: Timestamp
+}
+
+export interface RecoveryCodesTable {
+  id: string
+  user_id: string
+  digest: string
+  used_at: NullableTimestamp
+  created_at: Timestamp
+}
+
+export interface PasskeysTable {
+  id: string
+  user_id: string
+  credential_id: string
+  public_key: string
+  sign_count: ColumnType<string | number, number, number>
+  transports: JsonArray
+  name: string
+  created_at: Timestamp
+  last_used_at: NullableTimestamp
+}
+
+export interface MfaChallengesTable {
+  id: string
+  purpose: 'sign_in' | 'register' | 'passkey'
+  digest: string | null
+  user_id: string | null
+  webauthn_challenge: string | null
+  enrol: Bool
+  created_at: Timestamp
+  expires_at: Timestamp
+  used_at: NullableTimestamp
+}
+
+export interface WebhookEndpointsTable {
+  id: string
+  url: string
+  description: string | null
+  /** The filter as given: exact event types and `prefix.*` wildcards, or `*`. */
+  event_types: JsonArray
+  /** The same filter as LIKE patterns (backslash escapes `_`), which the outbox insert matches in SQL. */
+  event_patterns: JsonArray
+  enabled: Bool
+  /** Why it was disabled: `manual`, `gone` (the receiver answered 410) or `failing`. */
+  disabled_reason: string | null
+  /** Signing secret, `whsec_…`. Stored as is: HMAC signing needs the key itself, not a digest. */
+  secret: string
+  /** The secret before the last rotation, still signing alongside until previous_secret_expires_at. */
+  previous_secret: string | null
+  previous_secret_expires_at: NullableTimestamp
+  /** Queue time of the oldest delivery that failed since the last success; null while deliveries succeed. */
+  failing_since: NullableTimestamp
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+/** The outbox: one row per (endpoint, event), written in the event's transaction. */
+export interface WebhookDeliveriesTable {
+  endpoint_id: string
+  event_id: string
+  status: 'pending' | 'delivered' | 'failed'
+  attempts: number
+  next_attempt_at: Timestamp
+  /**
+   * Past this instant a failed attempt gives the delivery up (status `failed`).
+   * Null: created_at plus the configured horizon (the event's transaction does not know the setting).
+   */
+  give_up_at: NullableTimestamp
+  /** A worker's claim: nobody else takes the row before this instant; a crashed worker's claim simply runs out. */
+  locked_until: NullableTimestamp
+  /** Which claim holds the row; a worker whose claim ran out cannot record a result over a newer one. */
+  lock_token: string | null
+  last_attempt_at: NullableTimestamp
+  last_status_code: number | null
+  last_error: string | null
+  created_at: Timestamp
+  delivered_at: NullableTimestamp
+}
+
+export interface WebhookAttemptsTable {
+  id: string
+  endpoint_id: string
+  event_id: string
+  attempted_at: Timestamp
+  succeeded: Bool
+  status_code: number | null
+  latency_ms: number
+  error: string | null
+  /** When the delivery was scheduled next after this attempt; null when it was delivered or given up. */
+  next_attempt_at: NullableTimestamp
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -97,7 +208,15 @@ export interface Database {
   api_keys: ApiKeysTable
   events: EventsTable
   sessions: SessionsTable
+  sign_in_addresses: SignInAddressesTable
   gatehouse_meta: MetaTable
+  webhook_endpoints: WebhookEndpointsTable
+  webhook_deliveries: WebhookDeliveriesTable
+  webhook_attempts: WebhookAttemptsTable
+  totp_factors: TotpFactorsTable
+  recovery_codes: RecoveryCodesTable
+  passkeys: PasskeysTable
+  mfa_challenges: MfaChallengesTable
 }
 
 export type Db = Kysely<Database>
@@ -111,7 +230,7 @@ export function isPostgres (db: Kysely<any>): boolean {
   return dialectOf(db) === 'postgres'
 }
 
-export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs'>): Db {
+export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'>): Db {
   if (config.databaseUrl.startsWith('sqlite:')) {
     return new Kysely<Database>({
       dialect: new SqliteDialect({ database: openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs) })
@@ -120,20 +239,57 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   const pool = new pg.Pool({
     connectionString: config.databaseUrl,
     max: config.databasePoolSize,
-    connectionTimeoutMillis: 5000,
+    // Both the wait for a free connection and opening a new one: a server that
+    // accepts the connection but never answers would otherwise hold it for ever.
+    connectionTimeoutMillis: config.databaseAcquireTimeoutMs,
     idleTimeoutMillis: 30_000,
     statement_timeout: config.databaseStatementTimeoutMs,
+    // Client-side: a server that has gone dark never sends the statement_timeout error.
+    query_timeout: config.databaseQueryTimeoutMs,
     ...(config.databaseSchema !== undefined ? { options: `-c search_path=${config.databaseSchema}` } : {})
   })
   // An idle client losing its server must not crash the process; the next query reports it.
   pool.on('error', () => {})
-  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
+  // Nor one in use: pg-pool listens for errors only on idle clients, and the
+  // query in flight is failed anyway (and the client dropped on release).
+  pool.on('connect', (client) => { client.on('error', () => {}) })
+  return new Kysely<Database>({ dialect: new PostgresDialect({ pool: discardingStalled(pool) }) })
+}
+
+const QUERY_TIMEOUT = 'Query read timeout'
+
+/**
+ * Pooled connections that are given up once a query on them outlives
+ * query_timeout. Such a connection still owes that answer, which may never
+ * come: kept, it would make the next query on it wait behind the lost one.
+ * Later queries on it (a transaction's ROLLBACK) fail at once with the same
+ * error instead of waiting out another timeout, and releasing it closes it.
+ */
+function discardingStalled (pool: pg.Pool): PostgresPool {
+  return {
+    connect: async () => {
+      const client = await pool.connect()
+      let stalled: Error | undefined
+      const query = async (text: string, parameters: ReadonlyArray<unknown>): Promise<pg.QueryResult> => {
+        if (stalled !== undefined) throw stalled
+        try {
+          return await client.query(text, parameters as unknown[])
+        } catch (error) {
+          if (error instanceof Error && error.message === QUERY_TIMEOUT) stalled = error
+          throw error
+        }
+      }
+      // Kysely's overloads include cursors, which nothing here uses.
+      return { query: query as unknown as PostgresPoolClient['query'], release: () => { client.release(stalled) } }
+    },
+    end: async () => { await pool.end() }
+  }
 }
 
 function openSqlite (path: string, busyTimeoutMs: number): SqliteDatabase {
   const file = path === ':memory:' || path === '' ? ':memory:' : path
   if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true })
-  const raw = new SQLite(file, { timeout: busyTimeoutMs })
+  const raw = new Sqlite(file, { timeout: busyTimeoutMs })
   raw.pragma('journal_mode = WAL')
   raw.pragma('synchronous = NORMAL')
   raw.pragma('foreign_keys = ON')

@@ -2,11 +2,17 @@ import { Migrator, sql, type Migration } from 'kysely'
 import { isPostgres, type Db } from './database.ts'
 import * as m0001 from './migrations/0001_init.ts'
 import * as m0002 from './migrations/0002_sessions.ts'
+import * as m0003 from './migrations/0003_sign_in_addresses.ts'
+import * as m0004 from './migrations/0004_mfa.ts'
+import * as m0005 from './migrations/0005_webhooks.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
   '0001_init': m0001,
-  '0002_sessions': m0002
+  '0002_sessions': m0002,
+  '0003_sign_in_addresses': m0003,
+  '0004_mfa': m0004,
+  '0005_webhooks': m0005
 }
 
 /**
@@ -15,7 +21,15 @@ const migrations: Record<string, Migration> = {
  */
 export async function migrateToLatest (db: Db, schema?: string): Promise<string[]> {
   if (schema !== undefined && isPostgres(db)) {
-    await sql`create schema if not exists ${sql.id(schema)}`.execute(db)
+    try {
+      await sql`create schema if not exists ${sql.id(schema)}`.execute(db)
+    } catch (error) {
+      // Two instances creating it at the same moment: PostgreSQL fails the
+      // loser with a duplicate key despite `if not exists` (as Kysely's
+      // migrator, which does the same for its own tables, notes).
+      const made = await sql<{ found: number }>`select 1 as found from pg_namespace where nspname = ${schema}`.execute(db)
+      if (made.rows.length === 0) throw error
+    }
   }
   const migrator = new Migrator({
     db,

@@ -1,4 +1,5 @@
-import type { Db } from '../db/database.ts'
+import type { Selectable } from 'kysely'
+import type { Db, EventsTable } from '../db/database.ts'
 import type { ListEventsQuery } from './events.schemas.ts'
 
 export interface NewEventRow {
@@ -12,6 +13,13 @@ export interface NewEventRow {
   request_id: string | null
   client_ip: string | null
   data: string
+}
+
+export type EventRow = Selectable<EventsTable>
+
+export async function findEventsByIds (db: Db, ids: string[]): Promise<EventRow[]> {
+  if (ids.length === 0) return []
+  return await db.selectFrom('events').selectAll().where('id', 'in', ids).execute()
 }
 
 export async function insertEvent (db: Db, event: NewEventRow): Promise<void> {

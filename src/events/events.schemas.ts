@@ -1,35 +1,46 @@
 import { Type, type Static } from 'typebox'
-import { Nullable } from '../lib/openapi.ts'
+import { Nullable, REQUEST_ID_PATTERN, Timestamp, Uuid } from '../lib/openapi.ts'
 
 export const EVENT_TYPES = [
   'user.created', 'user.updated', 'user.deleted',
   'api_key.created', 'api_key.revoked', 'api_key.rotated',
-  'user.login_succeeded', 'user.login_failed', 'user.locked', 'user.password_changed', 'session.ended'
+  'user.login_succeeded', 'user.login_failed', 'user.locked', 'user.unlocked', 'user.password_changed', 'session.ended',
+  'user.mfa_challenged', 'user.mfa_failed', 'user.totp_enrolled', 'user.totp_removed',
+  'user.passkey_added', 'user.passkey_renamed', 'user.passkey_removed',
+  'user.recovery_codes_generated', 'user.recovery_code_used', 'user.mfa_reset',
+  'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]
 
+/** `user`, `api_key`, `session`: a kind of record. */
+const RecordKind = Type.String({ maxLength: 32, pattern: '^[a-z_]+$' })
+
 export const Event = Type.Object({
-  id: Type.String({ format: 'uuid', description: 'Time-ordered (UUID v7).' }),
-  type: Type.String({ description: 'What happened, e.g. `user.created`. Stable; see docs/api.md#events.', examples: ['user.created'] }),
-  occurred_at: Type.String({ format: 'date-time' }),
+  id: Uuid({ description: 'Time-ordered (UUID v7).' }),
+  type: Type.String({ maxLength: 64, pattern: '^[a-z_]+\\.[a-z_]+$', description: 'What happened, e.g. `user.created`. Stable; see docs/api.md#events.', examples: ['user.created'] }),
+  occurred_at: Timestamp(),
   actor: Type.Object({
     type: Type.Union([Type.Literal('api_key'), Type.Literal('user'), Type.Literal('system')]),
-    id: Nullable(Type.String(), { description: 'The key or user id; null for the system itself.' })
+    // A key's or user's UUID, or `cli` for the gatehouse command's local operations.
+    id: Nullable(Type.String({ maxLength: 36, pattern: '^[0-9A-Za-z-]+$' }), { description: 'The key or user id; `cli` for the command line; null for the system itself.' })
   }),
-  target: Type.Union([Type.Object({ type: Type.String(), id: Type.String() }), Type.Null()]),
-  request_id: Nullable(Type.String()),
-  client_ip: Nullable(Type.String()),
+  target: Type.Union([Type.Object({ type: RecordKind, id: Uuid() }), Type.Null()]),
+  request_id: Nullable(Type.String({ maxLength: 64, pattern: REQUEST_ID_PATTERN })),
+  client_ip: Nullable(Type.String({ description: 'The client address as the service saw it (through a trusted proxy: as the proxy reported it).' })),
   data: Type.Record(Type.String(), Type.Unknown(), { description: 'The changed fields; secrets appear only as "[redacted]".' })
 }, { $id: 'Event', additionalProperties: false })
 export type Event = Static<typeof Event>
+
+/** The largest page of events. */
+export const EVENTS_PAGE_MAX = 1000
 
 export const ListEventsQuery = Type.Object({
   type: Type.Optional(Type.String({ maxLength: 64, description: 'Only events of this type.' })),
   actor_id: Type.Optional(Type.String({ maxLength: 64 })),
   target_id: Type.Optional(Type.String({ maxLength: 64 })),
-  since: Type.Optional(Type.String({ format: 'date-time', description: 'Only events at or after this time.' })),
-  until: Type.Optional(Type.String({ format: 'date-time', description: 'Only events before this time.' })),
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, default: 100 })),
+  since: Type.Optional(Timestamp({ description: 'Only events at or after this time.' })),
+  until: Type.Optional(Timestamp({ description: 'Only events before this time.' })),
+  limit: Type.Optional(Type.Integer({ format: 'int32', minimum: 1, maximum: EVENTS_PAGE_MAX, default: 100 })),
   cursor: Type.Optional(Type.String({ maxLength: 512, description: 'From the `Link: rel="next"` header of the previous page.' }))
 }, { additionalProperties: false })
 export type ListEventsQuery = Static<typeof ListEventsQuery>

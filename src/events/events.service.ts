@@ -2,7 +2,8 @@ import { toIso, type Db } from '../db/database.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
-import { insertEvent, listEvents } from './events.repository.ts'
+import { queueDeliveries } from '../webhooks/webhooks.outbox.ts'
+import { insertEvent, listEvents, type EventRow } from './events.repository.ts'
 import type { Event, EventType, ListEventsQuery } from './events.schemas.ts'
 
 export const REDACTED = '[redacted]'
@@ -18,10 +19,12 @@ export async function recordEvent (
   target: { type: string, id: string } | null,
   data: Record<string, unknown>
 ): Promise<void> {
+  const id = newId()
+  const occurredAt = nowIso()
   await insertEvent(trx, {
-    id: newId(),
+    id,
     type,
-    occurred_at: nowIso(),
+    occurred_at: occurredAt,
     actor_type: ctx.actorType,
     actor_id: ctx.actorId,
     target_type: target?.type ?? null,
@@ -30,14 +33,13 @@ export async function recordEvent (
     client_ip: ctx.clientIp,
     data: JSON.stringify(data)
   })
+  // The webhook outbox, in the same transaction: one statement, whatever the number of endpoints.
+  await queueDeliveries(trx, { id, type, at: occurredAt })
 }
 
-export async function listEventsPage (db: Db, query: ListEventsQuery): Promise<{ events: Event[], nextCursor: string | undefined }> {
-  const limit = query.limit ?? 100
-  const beforeId = query.cursor !== undefined ? decodeCursor(query.cursor, 'events', 1)[0] : undefined
-  const rows = await listEvents(db, query, limit, beforeId)
-  const page = rows.slice(0, limit)
-  const events = page.map(row => ({
+/** An event as the API shows it (GET /api/events, and the body of every webhook delivery). */
+export function toEvent (row: EventRow): Event {
+  return {
     id: row.id,
     type: row.type,
     occurred_at: toIso(row.occurred_at),
@@ -46,7 +48,15 @@ export async function listEventsPage (db: Db, query: ListEventsQuery): Promise<{
     request_id: row.request_id,
     client_ip: row.client_ip,
     data: typeof row.data === 'string' ? JSON.parse(row.data) as Record<string, unknown> : row.data
-  }))
+  }
+}
+
+export async function listEventsPage (db: Db, query: ListEventsQuery): Promise<{ events: Event[], nextCursor: string | undefined }> {
+  const limit = query.limit ?? 100
+  const beforeId = query.cursor !== undefined ? decodeCursor(query.cursor, 'events', ['uuid'])[0] : undefined
+  const rows = await listEvents(db, query, limit, beforeId)
+  const page = rows.slice(0, limit)
+  const events = page.map(toEvent)
   const last = page.at(-1)
   return { events, nextCursor: rows.length > limit && last !== undefined ? encodeCursor('events', [last.id]) : undefined }
 }

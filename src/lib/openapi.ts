@@ -1,5 +1,6 @@
 import { Type, type Static, type TSchema } from 'typebox'
 import { STATUS_CODES } from 'node:http'
+import type { SwaggerTransform, SwaggerTransformObject } from '@fastify/swagger'
 
 /**
  * A reference to a schema registered with `app.addSchema`, typed as the
@@ -12,16 +13,28 @@ export function ref<T extends TSchema> (schema: T): ReturnType<typeof Type.Unsaf
   return Type.Unsafe<Static<T>>(Type.Ref(`${id}#`))
 }
 
+/** What the server accepts as a client's X-Request-Id (else it makes a UUID); so every request id has this form. */
+export const REQUEST_ID_PATTERN = '^[A-Za-z0-9._:-]{1,64}$'
+
+/** An RFC 3339 timestamp. Bounded so that input cannot carry an endless fraction of a second. */
+export function Timestamp (options: Record<string, unknown> = {}): ReturnType<typeof Type.String> {
+  return Type.String({ format: 'date-time', maxLength: 64, ...options })
+}
+
+export function Uuid (options: Record<string, unknown> = {}): ReturnType<typeof Type.String> {
+  return Type.String({ format: 'uuid', maxLength: 36, ...options })
+}
+
 export const Problem = Type.Object({
-  type: Type.String({ description: '`urn:gatehouse:problem:<code>`; see docs/errors.md.' }),
-  title: Type.String({ description: 'The HTTP status text.' }),
-  status: Type.Integer(),
+  type: Type.String({ maxLength: 96, pattern: '^urn:gatehouse:problem:[a-z_]+$', description: '`urn:gatehouse:problem:<code>`; see docs/errors.md.' }),
+  title: Type.String({ maxLength: 64, description: 'The HTTP status text.' }),
+  status: Type.Integer({ format: 'int32', minimum: 400, maximum: 599 }),
   detail: Type.String({ description: 'What went wrong, for a person.' }),
-  code: Type.String({ description: 'Stable snake_case error code, for programs.', examples: ['user_not_found'] }),
-  request_id: Type.String({ description: 'Quote this when reporting a problem; it is in our logs.' }),
+  code: Type.String({ maxLength: 64, pattern: '^[a-z][a-z_]*$', description: 'Stable snake_case error code, for programs.', examples: ['user_not_found'] }),
+  request_id: Type.String({ maxLength: 64, pattern: REQUEST_ID_PATTERN, description: 'Quote this when reporting a problem; it is in our logs.' }),
   errors: Type.Optional(Type.Array(Type.Object({
-    in: Type.String({ description: 'body, query, path or header' }),
-    pointer: Type.String({ description: 'JSON pointer (RFC 6901) to the offending value.' }),
+    in: Type.Enum(['body', 'query', 'path', 'header'], { description: 'Which part of the request.' }),
+    pointer: Type.String({ pattern: '^(/([^~/]|~[01])*)*$', description: 'JSON pointer (RFC 6901) to the offending value.' }),
     detail: Type.String()
   })))
 }, {
@@ -31,14 +44,28 @@ export const Problem = Type.Object({
   description: 'An RFC 9457 problem; every error has this shape, as application/problem+json. Some carry extension members, described with their operation.'
 })
 
+/** The media type of every error (RFC 9457); the error handler sends nothing else. */
+export const PROBLEM_MEDIA_TYPE = 'application/problem+json'
 const ProblemRef = ref(Problem)
 
-/** Error responses to document for an operation, each as a Problem; 500 is possible everywhere. */
-export function problems (...statuses: number[]): Record<number, TSchema> {
-  const out: Record<number, TSchema> = {}
-  for (const status of [...statuses, 500]) {
-    out[status] = Type.Unsafe({ ...ProblemRef, description: STATUS_CODES[status] ?? 'Error' })
-  }
+/**
+ * One error response, as a Problem in `application/problem+json`. The route's
+ * serializer is chosen by that media type, which is the one sendProblem sets.
+ */
+function problemResponse (status: number | '4xx'): TSchema {
+  const description = status === '4xx'
+    ? 'Any other client error (a malformed URL or body, a method the path does not have, headers too large, …).'
+    : STATUS_CODES[status] ?? 'Error'
+  return Type.Unsafe({ description, content: { [PROBLEM_MEDIA_TYPE]: { schema: ProblemRef } } })
+}
+
+/**
+ * Error responses to document for an operation, each a Problem. Every
+ * operation can also answer 500, and any other 4xx (`4XX`).
+ */
+export function problems (...statuses: number[]): Record<string, TSchema> {
+  const out: Record<string, TSchema> = {}
+  for (const status of [...statuses, '4xx' as const, 500]) out[status] = problemResponse(status)
   return out
 }
 
@@ -57,4 +84,171 @@ export const SECURITY: Array<Record<string, string[]>> = [{ ApiKeyQuery: [] }, {
  */
 export function Nullable<T extends TSchema & { type: string }> (schema: T, options: Record<string, unknown> = {}): ReturnType<typeof Type.Unsafe<Static<T> | null>> {
   return Type.Unsafe<Static<T> | null>({ ...schema, ...options, type: [schema.type, 'null'] })
+}
+
+// ---------------------------------------------------------------------------
+// Response headers. Each is described once, here. A route names the headers
+// it sets itself with withHeaders(); the ones every route gets from a hook
+// (request id, request limit, 3.6.1 deprecation) are added by
+// operationTransform() from the route's config, so the document says what the
+// hooks in app.ts and the rate-limit plugin really send.
+
+interface HeaderObject { description: string, required?: boolean, schema: Record<string, unknown> }
+
+const INT32_MAX = 2_147_483_647
+const count = (description: string, minimum = 0): HeaderObject =>
+  ({ description, schema: { type: 'integer', format: 'int32', minimum, maximum: INT32_MAX } })
+/** `<URI-reference>; rel="…"`, comma-separated (RFC 8288). The request's own query is repeated in a next link, hence the bound. */
+const LINK_SCHEMA = { type: 'string', maxLength: 65_536, pattern: '^<[^>]*>; rel="[a-z-]+"(, <[^>]*>; rel="[a-z-]+")*$' }
+
+const RESPONSE_HEADERS = {
+  'X-Request-Id': {
+    required: true,
+    description: 'This request\'s id: the client\'s own `X-Request-Id` if it had that form, else a new UUID. It is the `request_id` of errors, events and log lines.',
+    schema: { type: 'string', maxLength: 64, pattern: REQUEST_ID_PATTERN }
+  },
+  'RateLimit-Limit': count('Requests allowed per window for this credential or client address (the general request limit; on a throttled sign-in, the sign-in throttle\'s).'),
+  'RateLimit-Remaining': count('Requests left in the current window.'),
+  'RateLimit-Reset': count('Seconds until the current window ends.'),
+  'Retry-After': count('Seconds to wait before trying again.', 1),
+  'WWW-Authenticate': {
+    required: true,
+    description: 'The ways to authenticate: `Bearer realm="gatehouse", ApiKey realm="gatehouse"`.',
+    schema: { type: 'string', maxLength: 128, pattern: '^Bearer realm="[^"]*"' }
+  },
+  ETag: {
+    required: true,
+    description: 'The user\'s version, as a strong entity tag; send it as `If-Match` to refuse lost updates.',
+    schema: { type: 'string', maxLength: 22, pattern: '^"[0-9]+"$', examples: ['"3"'] }
+  },
+  Location: {
+    required: true,
+    description: 'The path of the new resource (the 3.6.1 path when created through one).',
+    schema: { type: 'string', format: 'uri-reference', maxLength: 2048, examples: ['/auth/api/users/01a1fd7c-b1e2-7699-a01a-121c313edad5'] }
+  },
+  Link: {
+    description: '`<…>; rel="next"`: the URL of the next page (every query parameter kept but the cursor and `API_KEY`). Absent on the last page.',
+    schema: LINK_SCHEMA
+  },
+  Deprecation: {
+    required: true,
+    description: 'This 3.6.1 path is deprecated (RFC 9745): `@<seconds since the epoch>` of the deprecation.',
+    schema: { type: 'string', maxLength: 24, pattern: '^@[0-9]+$' }
+  },
+  Sunset: {
+    required: true,
+    description: 'When this 3.6.1 path may stop working (RFC 8594), as an HTTP date; setting LEGACY_SUNSET.',
+    schema: { type: 'string', maxLength: 64, pattern: '^[A-Z][a-z]{2}, [0-9]{2} [A-Z][a-z]{2} [0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT$' }
+  }
+} satisfies Record<string, HeaderObject>
+
+export type ResponseHeader = keyof typeof RESPONSE_HEADERS
+
+/** Documented as components.headers; on a 3.6.1 path, Link always names the successor and on a paged list also holds the next page. */
+const HEADER_COMPONENTS: Record<string, HeaderObject> = {
+  ...RESPONSE_HEADERS,
+  LegacyLink: {
+    required: true,
+    description: '`<…/api/…>; rel="successor-version"`: the same operation at its current path. On a paged list, also the next page\'s `<…>; rel="next"`.',
+    schema: LINK_SCHEMA
+  }
+}
+
+/**
+ * A response schema that also names the headers the route sets on it. They
+ * are documented (as declared in RESPONSE_HEADERS); the serializer ignores them.
+ */
+export function withHeaders<T extends TSchema> (schema: T, ...names: ResponseHeader[]): T {
+  const headers: Record<string, unknown> = {}
+  for (const name of names) headers[name] = { ...RESPONSE_HEADERS[name].schema, description: RESPONSE_HEADERS[name].description }
+  return { ...schema, headers }
+}
+
+/** Where operationTransform leaves an operation's finished response headers for finishDocument to put in place. */
+const PENDING_HEADERS = 'x-gatehouse-response-headers'
+
+/**
+ * The @fastify/swagger `transform` hook: documents what the route's config
+ * makes the server do, which no route schema states. Public routes (no
+ * `scope`) get an explicit anonymous `security: [{}]`; rate-limited routes
+ * (all but those with `rateLimit: false`, when a limit is on) get the 429
+ * problem and the RateLimit-* headers; 3.6.1 aliases get Deprecation, Sunset
+ * and the successor Link; every response gets X-Request-Id.
+ */
+export function operationTransform (options: { rateLimited: boolean }): SwaggerTransform {
+  return ({ schema: routeSchema, url, route }) => {
+    const schema = routeSchema as Record<string, unknown> | undefined
+    if (schema === undefined || schema.hide === true || schema.response === undefined) return { schema: routeSchema, url }
+    const config = (route.config ?? {}) as { scope?: unknown, legacy?: boolean, rateLimit?: unknown }
+    const limited = options.rateLimited && config.rateLimit !== false
+    const response = { ...(schema.response as Record<string, Record<string, unknown>> | undefined) }
+    if (limited && response[429] === undefined) response[429] = problemResponse(429) as Record<string, unknown>
+
+    // Response status → header name → its entry in HEADER_COMPONENTS.
+    const pending: Record<string, Record<string, string>> = {}
+    for (const [status, declared] of Object.entries(response)) {
+      const names = new Set(Object.keys((declared.headers ?? {}) as Record<string, unknown>) as ResponseHeader[])
+      names.add('X-Request-Id')
+      if (limited && /^[24]/.test(status)) for (const name of ['RateLimit-Limit', 'RateLimit-Remaining', 'RateLimit-Reset'] as const) names.add(name)
+      if (status === '429' || status === '503') names.add('Retry-After')
+      if (status === '401' && config.scope !== undefined) names.add('WWW-Authenticate')
+      if (config.legacy === true) for (const name of ['Deprecation', 'Sunset', 'Link'] as const) names.add(name)
+      const headers: Record<string, string> = {}
+      for (const name of names) {
+        if (RESPONSE_HEADERS[name] === undefined) throw new Error(`${url}: response header ${name} is not described in RESPONSE_HEADERS`)
+        headers[name] = name === 'Link' && config.legacy === true ? 'LegacyLink' : name
+      }
+      pending[status.toUpperCase()] = headers
+    }
+    const security = schema.security === undefined && config.scope === undefined ? { security: [{}] } : {}
+    return { schema: { ...schema, ...security, response, [PENDING_HEADERS]: pending }, url }
+  }
+}
+
+interface OpenApiDocument {
+  paths?: Record<string, Record<string, Record<string, any>>>
+  components?: { schemas?: Record<string, Record<string, any>>, headers?: Record<string, HeaderObject> }
+}
+
+const FORM_MEDIA_TYPES = ['application/x-www-form-urlencoded', 'multipart/form-data']
+
+/**
+ * The @fastify/swagger `transformObject` hook, run on the finished document:
+ * puts the headers operationTransform prepared into the responses, as
+ * references to components.headers (full header objects, with `required`);
+ * and says how a form body carries an array (each item a repeated field,
+ * `groups=a&groups=b`), which is how the routes read form bodies (lib/forms.ts).
+ */
+export const finishDocument: SwaggerTransformObject = (documentObject) => {
+  if (!('openapiObject' in documentObject)) return documentObject.swaggerObject
+  const document = documentObject.openapiObject as OpenApiDocument
+  const schemas = document.components?.schemas ?? {}
+  const used: Record<string, HeaderObject> = {}
+  for (const item of Object.values(document.paths ?? {})) {
+    for (const operation of Object.values(item)) {
+      const pending = operation[PENDING_HEADERS] as Record<string, Record<string, string>> | undefined
+      delete operation[PENDING_HEADERS]
+      for (const [status, headers] of Object.entries(pending ?? {})) {
+        const response = operation.responses?.[status]
+        if (response === undefined) continue
+        response.headers = {}
+        for (const [name, component] of Object.entries(headers)) {
+          used[component] = HEADER_COMPONENTS[component]!
+          response.headers[name] = { $ref: `#/components/headers/${component}` }
+        }
+      }
+      const content = operation.requestBody?.content as Record<string, Record<string, any>> | undefined
+      for (const mediaType of FORM_MEDIA_TYPES) {
+        const media = content?.[mediaType]
+        if (content === undefined || media === undefined) continue
+        const target = typeof media.schema?.$ref === 'string' ? schemas[media.schema.$ref.replace('#/components/schemas/', '')] : media.schema
+        const arrays = Object.entries<Record<string, any>>(target?.properties ?? {})
+          .filter(([, property]) => property.type === 'array' || (Array.isArray(property.type) && property.type.includes('array')))
+        // The media object is shared by every content type of the body: the encoding goes on a copy.
+        if (arrays.length > 0) content[mediaType] = { ...media, encoding: Object.fromEntries(arrays.map(([name]) => [name, { style: 'form', explode: true }])) }
+      }
+    }
+  }
+  if (Object.keys(used).length > 0) document.components = { ...document.components, headers: { ...document.components?.headers, ...used } }
+  return documentObject.openapiObject
 }

@@ -1,19 +1,32 @@
-import type { Redis } from 'ioredis'
+import type { Redis, Result } from 'ioredis'
 
-export interface Count {
-  count: number
-  /** Milliseconds until the window, and so the count, expires. */
-  resetMs: number
+/** One sign-in budget: at most `limit` failures under `key` in a window. */
+export interface Budget {
+  key: string
+  limit: number
 }
+
+export type Reservation =
+  | { allowed: true }
+  /** The spent budget that keeps the caller out longest; `resetMs` until its window ends. */
+  | { allowed: false, limit: number, resetMs: number }
 
 /**
  * Counts failed sign-ins per key in fixed windows that start at the first
- * failure. In memory for one instance; in Redis when several instances must
- * share what they have seen (REDIS_URL).
+ * failure. An attempt takes its unit *before* the password is verified
+ * (`reserve`), atomically for all its budgets, and gives it back when it turns
+ * out not to be a failure (`release`). Checking first and counting after the
+ * verification would let every concurrent guess through the check before any
+ * of them was counted.
+ *
+ * In memory for one instance; in Redis when several instances must share
+ * what they have seen (REDIS_URL).
  */
 export interface FailureCounter {
-  get: (key: string) => Promise<Count>
-  increment: (key: string, windowMs: number) => Promise<Count>
+  /** Takes one unit from every budget, or from none when any of them is spent. */
+  reserve: (budgets: Budget[], windowMs: number) => Promise<Reservation>
+  /** Gives one unit back to each key (never below zero). */
+  release: (keys: string[]) => Promise<void>
   reset: (key: string) => Promise<void>
   close: () => Promise<void>
 }
@@ -32,41 +45,96 @@ export function memoryFailureCounter (): FailureCounter {
     return entry
   }
   return {
-    get: async (key) => {
+    // No await between the check and the count: one turn of the event loop is atomic.
+    reserve: async (budgets, windowMs) => {
       const now = Date.now()
-      const entry = read(key, now)
-      return entry === undefined ? { count: 0, resetMs: 0 } : { count: entry.count, resetMs: entry.resetAt - now }
-    },
-    increment: async (key, windowMs) => {
-      const now = Date.now()
-      let entry = read(key, now)
-      if (entry === undefined) {
-        if (windows.size >= MEMORY_MAX_KEYS) windows.delete(windows.keys().next().value!)
-        entry = { count: 0, resetAt: now + windowMs }
-        windows.set(key, entry)
+      let worst: { limit: number, resetMs: number } | undefined
+      for (const { key, limit } of budgets) {
+        const entry = read(key, now)
+        if (entry !== undefined && entry.count >= limit && (worst === undefined || entry.resetAt - now > worst.resetMs)) {
+          worst = { limit, resetMs: entry.resetAt - now }
+        }
       }
-      entry.count += 1
-      return { count: entry.count, resetMs: entry.resetAt - now }
+      if (worst !== undefined) return { allowed: false, ...worst }
+      for (const { key } of budgets) {
+        let entry = read(key, now)
+        if (entry === undefined) {
+          if (windows.size >= MEMORY_MAX_KEYS) windows.delete(windows.keys().next().value!)
+          entry = { count: 0, resetAt: now + windowMs }
+          windows.set(key, entry)
+        }
+        entry.count += 1
+      }
+      return { allowed: true }
+    },
+    release: async (keys) => {
+      const now = Date.now()
+      for (const key of keys) {
+        const entry = read(key, now)
+        if (entry !== undefined && entry.count > 0) entry.count -= 1
+      }
     },
     reset: async (key) => { windows.delete(key) },
     close: async () => { windows.clear() }
   }
 }
 
+/**
+ * Checks every budget and, only when none is spent, counts one failure in
+ * each; the window starts with a key's first count. One script, so Redis runs
+ * it as one step however many instances reserve at once.
+ */
+const RESERVE = `
+local worst_ttl = -1
+local worst_limit = 0
+for i, key in ipairs(KEYS) do
+  local limit = tonumber(ARGV[i + 1])
+  if tonumber(redis.call('GET', key) or '0') >= limit then
+    local ttl = redis.call('PTTL', key)
+    if ttl > worst_ttl then
+      worst_ttl = ttl
+      worst_limit = limit
+    end
+  end
+end
+if worst_ttl >= 0 then return {0, worst_limit, worst_ttl} end
+for _, key in ipairs(KEYS) do
+  if redis.call('INCR', key) == 1 then redis.call('PEXPIRE', key, ARGV[1]) end
+end
+return {1, 0, 0}
+`
+
+/** Never creates a key and never goes below zero, so a late release cannot grant credit in a later window. */
+const RELEASE = `
+for _, key in ipairs(KEYS) do
+  local count = tonumber(redis.call('GET', key) or '0')
+  if count > 0 then redis.call('DECR', key) end
+end
+return 0
+`
+
+declare module 'ioredis' {
+  interface RedisCommander<Context> {
+    gatehouseReserveFailures: (...args: Array<string | number>) => Result<[number, number, number], Context>
+    gatehouseReleaseFailures: (...args: Array<string | number>) => Result<number, Context>
+  }
+}
+
 /** Keys live under `gatehouse:login:` in the shared Redis; the caller owns (and closes) the client. */
 export function redisFailureCounter (redis: Redis): FailureCounter {
   const prefix = 'gatehouse:login:'
-  const asCount = (count: unknown, ttl: unknown): Count => ({ count: Number(count ?? 0), resetMs: Math.max(0, Number(ttl ?? 0)) })
+  if (typeof redis.gatehouseReserveFailures !== 'function') {
+    redis.defineCommand('gatehouseReserveFailures', { lua: RESERVE })
+    redis.defineCommand('gatehouseReleaseFailures', { lua: RELEASE })
+  }
   return {
-    get: async (key) => {
-      const replies = (await redis.multi().get(prefix + key).pttl(prefix + key).exec())! as Array<[unknown, unknown]>
-      const count = replies[0]?.[1]
-      return count === null || count === undefined ? { count: 0, resetMs: 0 } : asCount(count, replies[1]?.[1])
+    reserve: async (budgets, windowMs) => {
+      const [allowed, limit, resetMs] = await redis.gatehouseReserveFailures(
+        budgets.length, ...budgets.map(b => prefix + b.key), windowMs, ...budgets.map(b => b.limit))
+      return allowed === 1 ? { allowed: true } : { allowed: false, limit, resetMs: Math.max(0, resetMs) }
     },
-    increment: async (key, windowMs) => {
-      // The expiry is set only by the failure that opens the window (NX).
-      const replies = (await redis.multi().incr(prefix + key).pexpire(prefix + key, windowMs, 'NX').pttl(prefix + key).exec())! as Array<[unknown, unknown]>
-      return asCount(replies[0]?.[1], replies[2]?.[1])
+    release: async (keys) => {
+      if (keys.length > 0) await redis.gatehouseReleaseFailures(keys.length, ...keys.map(k => prefix + k))
     },
     reset: async (key) => { await redis.del(prefix + key) },
     close: async () => {}

@@ -1,10 +1,13 @@
 import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../app.ts'
+import type { PrincipalUser } from '../auth/principal.ts'
+import { isSameOriginPath } from '../config.ts'
 import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
-import { clearSessionCookie, sessionContext, setSessionCookie } from './sessions.routes.ts'
+import { clearSessionCookie, sessionContext, setSignInCookies } from './sessions.routes.ts'
+import { sendMfaStep } from '../mfa/mfa-pages.ts'
 
 const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
 main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(22rem,90vw)}
@@ -12,10 +15,11 @@ h1{font-size:1.4rem;margin:0 0 1rem}label{display:block;margin:.8rem 0 .2rem;fon
 input{width:100%;box-sizing:border-box;padding:.55rem;border:1px solid #8a8f98;border-radius:4px;font:inherit}
 input:focus,button:focus{outline:3px solid #2f6fde;outline-offset:1px}
 button{margin-top:1.2rem;width:100%;padding:.6rem;border:0;border-radius:4px;background:#1f5fcf;color:#fff;font:inherit;font-weight:600;cursor:pointer}
-.error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}`
+.error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}
+dl{margin:0}dt{font-weight:600}dd{margin:0 0 .6rem}a{color:#1f5fcf;font-weight:600}a:focus{outline:3px solid #2f6fde;outline-offset:1px}`
 
 const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
-/** Nothing but this page's own style and a form posting back here. */
+/** Nothing but these pages' own style and forms posting back here. */
 const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
 
 function escapeHtml (text: string): string {
@@ -23,17 +27,15 @@ function escapeHtml (text: string): string {
 }
 
 /**
- * Where to send the browser after sign-in: a path on this origin only. Anything
- * else (another host, `//host`, `/\host`, a scheme, control characters) falls
- * back to `/`, so the page can never be used as an open redirect.
+ * The `next` a sign-in link gave, if it is a path on this origin. Anything else
+ * (another host, `//host`, `/\host`, a scheme, control characters) counts as no
+ * `next` at all, so the page can never be used as an open redirect.
  */
-export function safeNext (next: unknown): string {
-  if (typeof next !== 'string' || next.length > 2048) return '/'
-  if (!/^\/(?![/\\])/.test(next) || /[\p{Cc}\\]/u.test(next)) return '/'
-  return next
+export function safeNext (next: unknown): string | undefined {
+  return typeof next === 'string' && isSameOriginPath(next) ? next : undefined
 }
 
-function page (basePath: string, options: { next: string, username?: string, error?: string }): string {
+function page (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
   const error = options.error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(options.error)}</p>` : ''
   return `<!doctype html>
 <html lang="en">
@@ -48,12 +50,45 @@ function page (basePath: string, options: { next: string, username?: string, err
 <h1>Sign in</h1>
 ${error}
 <form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
-<input type="hidden" name="next" value="${escapeHtml(options.next)}">
-<label for="username">Username or email</label>
+${options.next !== undefined ? `<input type="hidden" name="next" value="${escapeHtml(options.next)}">\n` : ''}<label for="username">Username or email</label>
 <input id="username" name="username" autocomplete="username" required autofocus value="${escapeHtml(options.username ?? '')}">
 <label for="password">Password</label>
 <input id="password" name="password" type="password" autocomplete="current-password" required>
 <button type="submit">Sign in</button>
+</form>
+<p><a href="${basePath}/login/passkey${options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''}">Sign in with a passkey</a></p>
+</main>
+</body>
+</html>
+`
+}
+
+/**
+ * What a browser that is already signed in sees at the sign-in page: who it is
+ * signed in as and a sign-out button, plus a link on when there is somewhere to
+ * go. Without a web UI behind gatehouse, this is where a sign-in ends.
+ */
+function signedInPage (basePath: string, user: PrincipalUser, continueTo: string | undefined): string {
+  const onward = continueTo !== undefined ? `<p><a href="${escapeHtml(continueTo)}">Continue</a></p>\n` : ''
+  return `<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Signed in</title>
+<style>${STYLE}</style>
+</head>
+<body>
+<main>
+<h1>Signed in</h1>
+<dl>
+<dt>Username</dt>
+<dd id="username">${escapeHtml(user.username)}</dd>
+<dt>Role</dt>
+<dd id="role">${escapeHtml(user.role)}</dd>
+</dl>
+${onward}<form method="post" action="${basePath}/logout">
+<button type="submit">Sign out</button>
 </form>
 </main>
 </body>
@@ -79,12 +114,21 @@ function field (body: unknown, name: string): string {
 }
 
 /** `GET/POST ${basePath}/login` and `POST ${basePath}/logout`: the browser's way in and out. */
-export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps, maxAgeS: number): void {
+export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): void {
   const basePath = app.config.basePath
   const hide = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
 
+  // Without a usable next: the web UI's start page if one is configured, else the signed-in page.
+  const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
+
   app.get('/login', { schema: { hide: true } }, async (request, reply) => {
-    return sendPage(reply, 200, page(basePath, { next: safeNext((request.query as Record<string, unknown>).next) }))
+    const next = safeNext((request.query as Record<string, unknown>).next)
+    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const principal = token !== undefined && token !== '' ? await authenticateSession(deps, token) : undefined
+    if (principal?.user != null) {
+      return sendPage(reply, 200, signedInPage(basePath, principal.user, next ?? app.config.loginDefaultNext))
+    }
+    return sendPage(reply, 200, page(basePath, { next }))
   })
 
   app.post('/login', hide, async (request: FastifyRequest, reply) => {
@@ -97,8 +141,9 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps, maxA
         throw new AppError('invalid_credentials', 401, 'missing or oversized fields')
       }
       const result = await signIn(deps, sessionContext(request), username, password)
-      setSessionCookie(request, reply, result.token, maxAgeS)
-      return await reply.code(303).header('Location', next).send()
+      if (result.kind === 'mfa') return await sendMfaStep(app, deps, reply, result, next)
+      setSignInCookies(request, reply, result, app.config)
+      return await reply.code(303).header('Location', afterSignIn(next)).send()
     } catch (error) {
       if (!(error instanceof AppError)) throw error
       if (error.code === 'rate_limited') {

@@ -1,3 +1,4 @@
+import { sql } from 'kysely'
 import type { Db } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 
@@ -11,6 +12,8 @@ export interface NewSessionRow {
   ended_at: null
   client_ip: string | null
   user_agent: string | null
+  /** A second factor was shown (X-Auth-MFA). */
+  mfa?: boolean
 }
 
 export async function insertSession (db: Db, row: NewSessionRow): Promise<void> {
@@ -22,7 +25,7 @@ export async function findSessionByDigest (db: Db, digest: string) {
   const [row] = await executePrepared(db, 'session_by_digest', param => db.selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
     .select([
-      'sessions.id', 'sessions.user_id', 'sessions.last_seen_at', 'sessions.expires_at', 'sessions.ended_at',
+      'sessions.id', 'sessions.user_id', 'sessions.last_seen_at', 'sessions.expires_at', 'sessions.ended_at', 'sessions.mfa',
       'users.username', 'users.role', 'users.groups', 'users.disabled'
     ])
     .where('sessions.digest', '=', param('digest')), { digest })
@@ -55,4 +58,66 @@ export async function deleteSessionsEndedBefore (db: Db, before: string): Promis
     .where(eb => eb.or([eb('ended_at', '<', before), eb('expires_at', '<', before)]))
     .executeTakeFirst()
   return Number(result.numDeletedRows)
+}
+
+/** The users a sign-in identifier names: by folded username or folded email. */
+export async function findUsersBySignInKey (db: Db, key: string) {
+  return await db.selectFrom('users').selectAll()
+    .where(eb => eb.or([eb('username_key', '=', key), eb('email_key', '=', key)]))
+    .execute()
+}
+
+/**
+ * Counts one more wrong password against an account that is not locked, in
+ * one statement so concurrent failures cannot overwrite each other's count. A
+ * lock that has run out starts the count afresh. Returns the new count, or
+ * undefined when the account is locked (such attempts are not counted). Run it
+ * in the transaction that may lock the account: the row stays locked until then.
+ */
+export async function countFailedSignIn (db: Db, userId: string, now: string): Promise<number | undefined> {
+  const row = await db.updateTable('users')
+    .set({ failed_logins: sql<number>`case when locked_until is null then failed_logins + 1 else 1 end`, locked_until: null })
+    .where('id', '=', userId)
+    .where(eb => eb.or([eb('locked_until', 'is', null), eb('locked_until', '<=', now)]))
+    .returning('failed_logins')
+    .executeTakeFirst()
+  return row?.failed_logins
+}
+
+export async function lockAccount (db: Db, userId: string, until: string): Promise<void> {
+  await db.updateTable('users').set({ locked_until: until }).where('id', '=', userId).execute()
+}
+
+/** Remembers that the user signed in from this address, now. */
+export async function recordSignInAddress (db: Db, userId: string, clientIp: string, at: string): Promise<void> {
+  await db.insertInto('sign_in_addresses').values({ user_id: userId, client_ip: clientIp, last_sign_in_at: at })
+    .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: at }))
+    .execute()
+}
+
+/** Whether the user signed in from this address at or after `since`. */
+export async function hasSignedInFrom (db: Db, userId: string, clientIp: string, since: string): Promise<boolean> {
+  const row = await db.selectFrom('sign_in_addresses').select('user_id')
+    .where('user_id', '=', userId)
+    .where('client_ip', '=', clientIp)
+    .where('last_sign_in_at', '>=', since)
+    .executeTakeFirst()
+  return row !== undefined
+}
+
+/** Forgets addresses not signed in from since `before`. */
+export async function deleteSignInAddressesBefore (db: Db, before: string): Promise<number> {
+  const result = await db.deleteFrom('sign_in_addresses').where('last_sign_in_at', '<', before).executeTakeFirst()
+  return Number(result.numDeletedRows)
+}
+
+/**
+ * A secret of the deployment kept in the database, so every instance uses the
+ * same one: made by whichever instance asks first, read by the others.
+ */
+export async function deploymentSecret (db: Db, name: string, make: () => string): Promise<string> {
+  await db.insertInto('gatehouse_meta').values({ key: name, value: make() })
+    .onConflict(oc => oc.column('key').doNothing()).execute()
+  const row = await db.selectFrom('gatehouse_meta').select('value').where('key', '=', name).executeTakeFirstOrThrow()
+  return row.value
 }

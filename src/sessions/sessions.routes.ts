@@ -1,4 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { Config } from '../config.ts'
 import type { FastifyTypeBox } from '../app.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
@@ -7,13 +8,25 @@ import { AppError } from '../errors.ts'
 import { User } from '../users/users.schemas.ts'
 import { getUser } from '../users/users.service.ts'
 import { LoginBody, PasswordChange, Session } from './sessions.schemas.ts'
-import { changeOwnPassword, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
+import { changeOwnPassword, signIn, signOut, type SessionsDeps, type SignIn, type SignInContext } from './sessions.service.ts'
 import { registerLoginPage } from './login-page.ts'
+import { MfaChallenge } from '../mfa/mfa.schemas.ts'
 
-/** Sets the session cookie: `__Host-` and Secure over HTTPS, HttpOnly and SameSite=Lax always. */
-export function setSessionCookie (request: FastifyRequest, reply: FastifyReply, token: string, maxAgeS: number): void {
+/** The device cookie (see device-trust.ts): kept long after the session, so a later sign-in is from a known device. */
+export const DEVICE_COOKIE_PLAIN = 'gatehouse_device'
+export const DEVICE_COOKIE_SECURE = '__Host-gatehouse_device'
+
+/**
+ * Sets the session cookie and the device cookie: `__Host-` and Secure over
+ * HTTPS, HttpOnly and SameSite=Lax always.
+ */
+export function setSignInCookies (request: FastifyRequest, reply: FastifyReply, signedIn: SignIn, config: Pick<Config, 'sessionAbsoluteTimeoutMs' | 'loginKnownClientDays'>): void {
   const secure = request.protocol === 'https'
-  reply.setCookie(secure ? SESSION_COOKIE_SECURE : SESSION_COOKIE_PLAIN, token, { path: '/', httpOnly: true, sameSite: 'lax', secure, maxAge: maxAgeS })
+  const options = { path: '/', httpOnly: true, sameSite: 'lax', secure } as const
+  reply.setCookie(secure ? SESSION_COOKIE_SECURE : SESSION_COOKIE_PLAIN, signedIn.token, { ...options, maxAge: Math.floor(config.sessionAbsoluteTimeoutMs / 1000) })
+  if (config.loginKnownClientDays > 0) {
+    reply.setCookie(secure ? DEVICE_COOKIE_SECURE : DEVICE_COOKIE_PLAIN, signedIn.deviceToken, { ...options, maxAge: config.loginKnownClientDays * 86_400 })
+  }
 }
 
 export function clearSessionCookie (reply: FastifyReply): void {
@@ -21,12 +34,15 @@ export function clearSessionCookie (reply: FastifyReply): void {
   reply.clearCookie(SESSION_COOKIE_PLAIN, { path: '/', httpOnly: true, sameSite: 'lax' })
 }
 
-export function sessionContext (request: FastifyRequest): ReturnType<typeof requestContext> & { userAgent: string | null } {
-  return { ...requestContext(request), userAgent: request.headers['user-agent'] ?? null }
+export function sessionContext (request: FastifyRequest): SignInContext {
+  return {
+    ...requestContext(request),
+    userAgent: request.headers['user-agent'] ?? null,
+    deviceToken: request.cookies[DEVICE_COOKIE_SECURE] ?? request.cookies[DEVICE_COOKIE_PLAIN] ?? null
+  }
 }
 
 export default async function sessionsRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
-  const maxAgeS = Math.floor(app.config.sessionAbsoluteTimeoutMs / 1000)
   const FORM_TYPES = ['application/json', 'application/x-www-form-urlencoded']
 
   app.post('/api/login', {
@@ -36,10 +52,16 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       summary: 'Sign In',
       description: 'Starts a session. API clients use the returned token as a bearer token; browsers get it as an HttpOnly cookie. ' +
         'Every failure (unknown user, wrong password, disabled or locked account) is the same 401 `invalid_credentials`. ' +
-        'Too many failures for one account from one address, or from one address overall, answer 429 with Retry-After.',
+        'Too many failures for one account from one address, or from one address overall, answer 429 with Retry-After. ' +
+        'For a user with a second factor (or who must enrol one, MFA_REQUIRED) a right password answers 202 with a challenge token instead of a session: ' +
+        'finish with Complete Sign-in (`POST /auth/api/login/mfa`); see docs/mfa.md.',
       consumes: FORM_TYPES,
       body: ref(LoginBody),
-      response: { 200: { ...ref(Session), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: {
+        200: { ...ref(Session), description: 'Signed in; the cookie is set too.' },
+        202: { ...ref(MfaChallenge), description: 'The password is right; a second factor is needed to finish.' },
+        ...problems(401, 403, 415, 422, 429, 503)
+      }
     },
     config: { accepts: FORM_TYPES },
     preValidation: coerceFormFields(LoginBody)
@@ -47,7 +69,12 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
     // A sign-in from another site's form would sign the browser into an account of the attacker's choosing.
     if (request.headers.origin !== undefined) assertSameOrigin(request, app.config.trustedOrigins)
     const result = await signIn(deps, sessionContext(request), request.body.username, request.body.password)
-    setSessionCookie(request, reply, result.token, maxAgeS)
+    if (result.kind === 'mfa') {
+      return await reply.code(202).send({
+        mfa_required: true as const, challenge_token: result.challengeToken, expires_at: result.expiresAt, methods: result.methods, enrolment_required: result.enrol
+      })
+    }
+    setSignInCookies(request, reply, result, app.config)
     return { token: result.token, token_type: 'Bearer' as const, session_id: result.sessionId, expires_at: result.expiresAt, user: result.user }
   })
 
@@ -72,6 +99,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       tags: ['sessions'],
       operationId: 'get_me',
       summary: 'Who Am I',
+      description: 'The user behind the credential: a signed-in user\'s session, or an API key owned by a user (a deployment key has none: 403).',
       security: SECURITY,
       response: { 200: { ...ref(User), description: 'The signed-in user.' }, ...problems(401, 403, 503) }
     },
@@ -105,7 +133,8 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       operationId: 'verify',
       summary: 'Verify (for a reverse proxy)',
       description: 'For nginx `auth_request` or Traefik ForwardAuth: 200 with X-Auth-User-Id, X-Auth-Username, X-Auth-Role and X-Auth-Groups ' +
-        'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here.',
+        'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here. ' +
+        '`X-Auth-MFA: true` when the session\'s sign-in included a second factor or a passkey (always `false` for API keys), so the web UI can require it.',
       security: SECURITY,
       response: { 200: { type: 'null', description: 'The credential is valid; identity in the X-Auth-* headers.' }, ...problems(401, 503) }
     },
@@ -121,8 +150,9 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       .header('X-Auth-Role', user?.role ?? (principal.scopes.has('admin') ? 'admin' : ''))
       .header('X-Auth-Groups', user?.groups.join(',') ?? '')
       .header('X-Auth-Credential', principal.type)
+      .header('X-Auth-MFA', principal.mfa === true ? 'true' : 'false')
       .code(200).send(null)
   })
 
-  registerLoginPage(app, deps, maxAgeS)
+  registerLoginPage(app, deps)
 }

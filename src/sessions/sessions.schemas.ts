@@ -1,5 +1,5 @@
 import { Type, type Static } from 'typebox'
-import { ref } from '../lib/openapi.ts'
+import { ref, Timestamp, Uuid } from '../lib/openapi.ts'
 import { User } from '../users/users.schemas.ts'
 
 export const LoginBody = Type.Object({
@@ -9,10 +9,10 @@ export const LoginBody = Type.Object({
 export type LoginBody = Static<typeof LoginBody>
 
 export const Session = Type.Object({
-  token: Type.String({ description: 'The session token, for API clients: send it as "Authorization: Bearer <token>". Browsers get it as a cookie instead.' }),
+  token: Type.String({ maxLength: 61, pattern: '^gatehouse_session_[0-9A-Za-z]{43}$', description: 'The session token, for API clients: send it as "Authorization: Bearer <token>". Browsers get it as a cookie instead.' }),
   token_type: Type.Literal('Bearer'),
-  session_id: Type.String({ format: 'uuid' }),
-  expires_at: Type.String({ format: 'date-time', description: 'The absolute end of the session; it ends earlier after the idle time-out.' }),
+  session_id: Uuid(),
+  expires_at: Timestamp({ description: 'The absolute end of the session; it ends earlier after the idle time-out.' }),
   user: ref(User)
 }, { $id: 'Session', additionalProperties: false })
 export type Session = Static<typeof Session>

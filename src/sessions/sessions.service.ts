@@ -10,8 +10,12 @@ import type { PasswordHasher } from '../lib/passwords.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import { toUser } from '../users/users.service.ts'
 import type { User } from '../users/users.schemas.ts'
-import type { FailureCounter } from './failure-counter.ts'
-import { endSession, endSessionsOfUser, findSessionByDigest, insertSession, touchSession } from './sessions.repository.ts'
+import type { Budget, FailureCounter } from './failure-counter.ts'
+import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
+import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
+import {
+  countFailedSignIn, deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionsOfUser, findSessionByDigest, findUsersBySignInKey, hasSignedInFrom, insertSession, lockAccount, recordSignInAddress, touchSession
+} from './sessions.repository.ts'
 
 /** Distinguishes a session token from an API key at a glance (and for the credential check). */
 export const SESSION_TOKEN_PREFIX = 'gatehouse_session_'
@@ -23,12 +27,31 @@ export interface SessionsDeps {
   passwords: PasswordHasher
   failures: FailureCounter
   config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
-  'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'passwordMinLength' | 'passwordMaxLength'>
+  'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' |
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins'>
   /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
   dummyHash: string
+  /** Signs device tokens (see device-trust.ts); the same for every instance. */
+  deviceKey: () => Promise<Buffer>
 }
 
-export interface SignIn { token: string, sessionId: string, expiresAt: string, user: User }
+export interface SignInContext extends RequestContext {
+  userAgent: string | null
+  /** The device token the browser sent, if any. */
+  deviceToken: string | null
+}
+
+export interface SignIn {
+  token: string
+  sessionId: string
+  expiresAt: string
+  user: User
+  /** A fresh device token for this account, for the browser to keep. */
+  deviceToken: string
+}
+
+/** A password sign-in ends in a session, or, for a user with (or owing) a second factor, in a challenge for it. */
+export type SignInResult = ({ kind: 'session' } & SignIn) | ({ kind: 'mfa' } & MfaPending)
 
 /** The one answer to every failed sign-in: unknown user, wrong password, disabled or locked account alike. */
 function invalidCredentials (): AppError {
@@ -37,32 +60,50 @@ function invalidCredentials (): AppError {
 
 export type FailureReason = 'unknown_user' | 'wrong_password' | 'no_password' | 'disabled' | 'locked'
 
-/** Throttling keys: one account from one address, and one address across accounts. */
-function throttleKeys (identifier: string, ip: string): { account: string, address: string } {
-  return { account: `acct:${identifier.toLowerCase()}:${ip}`, address: `addr:${ip}` }
+/**
+ * Throttling budgets: one account from one address, and one address across
+ * accounts. The account is the user the identifier names, so a username and
+ * an email of the same person share one budget; an identifier that names
+ * nobody is counted as typed.
+ */
+function throttleBudgets (deps: SessionsDeps, account: string, ip: string): Budget[] {
+  return [
+    { key: `acct:${account}:${ip}`, limit: deps.config.loginMaxFailuresPerAccount },
+    { key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }
+  ]
 }
 
-/** Answers 429 before any password work when this account+address or this address has failed too often. */
-async function assertNotThrottled (deps: SessionsDeps, identifier: string, ip: string): Promise<void> {
-  const keys = throttleKeys(identifier, ip)
-  const [account, address] = await Promise.all([deps.failures.get(keys.account), deps.failures.get(keys.address)])
-  const over = [
-    account.count >= deps.config.loginMaxFailuresPerAccount ? { ...account, limit: deps.config.loginMaxFailuresPerAccount } : undefined,
-    address.count >= deps.config.loginMaxFailuresPerAddress ? { ...address, limit: deps.config.loginMaxFailuresPerAddress } : undefined
-  ].filter(c => c !== undefined)
-  if (over.length > 0) {
-    // The budget that keeps the caller out longest is the one to report.
-    const binding = over.reduce((a, b) => b.resetMs > a.resetMs ? b : a)
-    const retryAfter = Math.max(1, Math.ceil(binding.resetMs / 1000))
-    throw new AppError('rate_limited', 429, 'Too many failed sign-ins; wait before trying again.', {
-      headers: {
-        'Retry-After': String(retryAfter),
-        'RateLimit-Limit': String(binding.limit),
-        'RateLimit-Remaining': '0',
-        'RateLimit-Reset': String(retryAfter)
-      }
-    })
-  }
+/**
+ * Takes this attempt's unit from its budgets before any password work, or
+ * answers 429 when one of them is spent. Atomic, so a burst of concurrent
+ * guesses gets exactly as many verifications as the budget allows.
+ */
+export async function reserveAttempt (deps: Pick<SessionsDeps, 'failures' | 'config'>, budgets: Budget[]): Promise<void> {
+  const reservation = await deps.failures.reserve(budgets, deps.config.loginFailureWindowMs)
+  if (reservation.allowed) return
+  const retryAfter = Math.max(1, Math.ceil(reservation.resetMs / 1000))
+  throw new AppError('rate_limited', 429, 'Too many failed sign-ins; wait before trying again.', {
+    headers: {
+      'Retry-After': String(retryAfter),
+      'RateLimit-Limit': String(reservation.limit),
+      'RateLimit-Remaining': '0',
+      'RateLimit-Reset': String(retryAfter)
+    }
+  })
+}
+
+/**
+ * A known client of this account: a browser holding its device token, or an
+ * address it signed in from before, within LOGIN_KNOWN_CLIENT_DAYS. Known
+ * clients are not shut out by the account lock, so strangers guessing cannot
+ * lock the owner out; their failures are still throttled.
+ */
+async function isKnownClient (deps: SessionsDeps, ctx: SignInContext, userId: string, now: Date): Promise<boolean> {
+  const days = deps.config.loginKnownClientDays
+  if (days === 0) return false
+  const maxAgeMs = days * 86_400_000
+  if (isDeviceOf(await deps.deviceKey(), ctx.deviceToken, userId, maxAgeMs, now)) return true
+  return ctx.clientIp !== null && await hasSignedInFrom(deps.db, userId, ctx.clientIp, new Date(now.getTime() - maxAgeMs).toISOString())
 }
 
 /**
@@ -72,47 +113,49 @@ async function assertNotThrottled (deps: SessionsDeps, identifier: string, ip: s
  * whether an account exists, is disabled or is locked. The reason is kept in
  * the `user.login_failed` event for administrators.
  */
-export async function signIn (deps: SessionsDeps, ctx: RequestContext & { userAgent: string | null }, identifier: string, password: string): Promise<SignIn> {
+export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier: string, password: string): Promise<SignInResult> {
   const ip = ctx.clientIp ?? 'unknown'
-  await assertNotThrottled(deps, identifier, ip)
   const key = identifier.toLowerCase()
-  const candidates = await deps.db.selectFrom('users').selectAll()
-    .where(eb => eb.or([eb('username_key', '=', key), eb('email_key', '=', key)]))
-    .execute()
+  const candidates = await findUsersBySignInKey(deps.db, key)
   // A username match wins over someone else's email that happens to read the same.
   const user = candidates.find(u => u.username_key === key) ?? candidates[0]
-  const valid = await deps.passwords.verify(user?.password_hash ?? deps.dummyHash, password)
+  const budgets = throttleBudgets(deps, user !== undefined ? `user:${user.id}` : `name:${key}`, ip)
+  await reserveAttempt(deps, budgets)
+  let valid: boolean
+  try {
+    valid = await deps.passwords.verify(user?.password_hash ?? deps.dummyHash, password)
+  } catch (error) {
+    // Not a failed guess (the hash queue was full, say): the unit goes back.
+    await deps.failures.release(budgets.map(b => b.key))
+    throw error
+  }
   const now = new Date()
+  const locked = user?.locked_until != null && new Date(user.locked_until) > now
+  // Only a lock or a failure to count needs to know; a plain success does not ask.
+  const known = user !== undefined && (locked || !valid) && await isKnownClient(deps, ctx, user.id, now)
 
   let reason: FailureReason | undefined
   if (user === undefined) reason = 'unknown_user'
   else if (user.password_hash === null) reason = 'no_password'
   else if (toBool(user.disabled)) reason = 'disabled'
-  else if (user.locked_until !== null && new Date(user.locked_until) > now) reason = 'locked'
+  else if (locked && !known) reason = 'locked'
   else if (!valid) reason = 'wrong_password'
 
   if (reason !== undefined) {
-    const keys = throttleKeys(identifier, ip)
-    await Promise.all([
-      deps.failures.increment(keys.account, deps.config.loginFailureWindowMs),
-      deps.failures.increment(keys.address, deps.config.loginFailureWindowMs)
-    ])
     await deps.db.transaction().execute(async trx => {
-      if (user !== undefined && reason === 'wrong_password') {
-        // A lock that has run out starts the count afresh; otherwise one more mistake would re-lock at once.
-        const lockOver = user.locked_until !== null && new Date(user.locked_until) <= now
-        const failed = (lockOver ? 0 : user.failed_logins) + 1
-        const locks = failed >= deps.config.accountLockThreshold
-        await trx.updateTable('users').set({
-          failed_logins: failed,
-          ...(locks ? { locked_until: new Date(now.getTime() + deps.config.accountLockMs).toISOString() } : {})
-        }).where('id', '=', user.id).execute()
-        if (locks) {
+      // A known client's mistakes are throttled but do not count toward the lock it is exempt from.
+      if (user !== undefined && reason === 'wrong_password' && !known) {
+        const failed = await countFailedSignIn(trx, user.id, now.toISOString())
+        if (failed === undefined) {
+          // Locked by a concurrent attempt since this one read the account.
+          reason = 'locked'
+        } else if (failed >= deps.config.accountLockThreshold) {
+          await lockAccount(trx, user.id, new Date(now.getTime() + deps.config.accountLockMs).toISOString())
           await recordEvent(trx, ctx, 'user.locked', { type: 'user', id: user.id }, { failed_logins: failed, locked_for_s: deps.config.accountLockMs / 1000 })
         }
       }
       await recordEvent(trx, ctx, 'user.login_failed', user !== undefined ? { type: 'user', id: user.id } : null, {
-        reason, identifier: identifier.slice(0, 254)
+        reason, identifier: identifier.slice(0, 254), ...(known ? { known_client: true } : {})
       })
     })
     throw invalidCredentials()
@@ -120,34 +163,75 @@ export async function signIn (deps: SessionsDeps, ctx: RequestContext & { userAg
 
   // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
   const rehash = deps.passwords.needsRehash(user!.password_hash!) ? await deps.passwords.hash(password) : undefined
+  // Not a failure: this attempt's unit goes back to the address, and the account starts afresh here.
+  // A second factor still owed has a budget of its own (mfa.service.ts).
+  const settle = async (): Promise<void> => {
+    await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
+  }
+  const secondFactor = await secondFactorNeeded(deps, user!)
+  if (secondFactor !== undefined) {
+    const pending = await openSignInChallenge(deps, ctx, user!, secondFactor, rehash, now)
+    await settle()
+    return { kind: 'mfa', ...pending }
+  }
+  const signedIn = await openSession(deps, ctx, user!.id, { locked, rehash, now })
+  await settle()
+  return { kind: 'session', ...signedIn }
+}
+
+/**
+ * Starts a session for a user whose credentials were just checked: the
+ * password, and the second factor when one was asked for (`mfa` names it).
+ * A lock is left in place for a known client that got in despite it.
+ */
+export async function openSession (
+  deps: SessionsDeps, ctx: SignInContext, userId: string,
+  options: {
+    locked: boolean
+    rehash?: string | undefined
+    now: Date
+    mfa?: 'totp' | 'recovery_code' | 'passkey'
+    passwordless?: boolean
+    /** Runs first in the session's transaction (spending the second factor); throwing rolls the sign-in back. */
+    within?: (trx: Db) => Promise<void>
+  }
+): Promise<SignIn> {
+  const { locked, rehash, now } = options
   const token = randomSecret(SESSION_TOKEN_PREFIX)
   const sessionId = newId()
   const at = now.toISOString()
   const expiresAt = new Date(now.getTime() + deps.config.sessionAbsoluteTimeoutMs).toISOString()
   const signedIn = await deps.db.transaction().execute(async trx => {
+    await options.within?.(trx)
     const updated = await trx.updateTable('users')
-      .set({ last_login_at: at, failed_logins: 0, locked_until: null, ...(rehash !== undefined ? { password_hash: rehash } : {}) })
-      .where('id', '=', user!.id)
+      // A known client getting in does not lift a lock that strangers are still running into.
+      .set({ last_login_at: at, ...(locked ? {} : { failed_logins: 0, locked_until: null }), ...(rehash !== undefined ? { password_hash: rehash } : {}) })
+      .where('id', '=', userId)
       .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
       .executeTakeFirstOrThrow()
     await insertSession(trx, {
       id: sessionId,
-      user_id: user!.id,
+      user_id: userId,
       digest: digestOf(token),
       created_at: at,
       last_seen_at: at,
       expires_at: expiresAt,
       ended_at: null,
       client_ip: ctx.clientIp,
-      user_agent: ctx.userAgent?.slice(0, 512) ?? null
+      user_agent: ctx.userAgent?.slice(0, 512) ?? null,
+      mfa: options.mfa !== undefined
     })
-    await recordEvent(trx, { ...ctx, actorType: 'user', actorId: user!.id }, 'user.login_succeeded', { type: 'user', id: user!.id }, {
-      session_id: sessionId, ...(rehash !== undefined ? { password_rehashed: true } : {})
+    if (ctx.clientIp !== null && deps.config.loginKnownClientDays > 0) await recordSignInAddress(trx, userId, ctx.clientIp, at)
+    await recordEvent(trx, { ...ctx, actorType: 'user', actorId: userId }, 'user.login_succeeded', { type: 'user', id: userId }, {
+      session_id: sessionId,
+      ...(rehash !== undefined ? { password_rehashed: true } : {}),
+      ...(locked ? { while_locked: true } : {}),
+      ...(options.mfa !== undefined ? { mfa: options.mfa } : {}),
+      ...(options.passwordless === true ? { passwordless: true } : {})
     })
     return updated
   })
-  await deps.failures.reset(throttleKeys(identifier, ip).account)
-  return { token, sessionId, expiresAt, user: toUser(signedIn) }
+  return { token, sessionId, expiresAt, user: toUser(signedIn), deviceToken: issueDeviceToken(await deps.deviceKey(), userId, now) }
 }
 
 /**
@@ -166,7 +250,8 @@ export async function authenticateSession (deps: Pick<SessionsDeps, 'db' | 'conf
     id: row.id,
     userId: row.user_id,
     user: { id: row.user_id, username: row.username, role: row.role, groups: toStringArray(row.groups) },
-    scopes: new Set(row.role === 'admin' ? ['admin'] : [])
+    scopes: new Set(row.role === 'admin' ? ['admin'] : []),
+    mfa: toBool(row.mfa)
   }
 }
 
@@ -203,20 +288,16 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
   const user = await deps.db.selectFrom('users').selectAll().where('id', '=', principal.userId).executeTakeFirst()
   if (user === undefined) throw invalidCredentials()
   // Guessing the current password through a stolen session is throttled like guessing it at sign-in.
-  const ip = ctx.clientIp ?? 'unknown'
-  await assertNotThrottled(deps, user.username, ip)
+  const budgets = throttleBudgets(deps, `user:${user.id}`, ctx.clientIp ?? 'unknown')
+  await reserveAttempt(deps, budgets)
   const valid = await deps.passwords.verify(user.password_hash ?? deps.dummyHash, currentPassword)
   if (!valid || user.password_hash === null) {
-    const keys = throttleKeys(user.username, ip)
-    await Promise.all([
-      deps.failures.increment(keys.account, deps.config.loginFailureWindowMs),
-      deps.failures.increment(keys.address, deps.config.loginFailureWindowMs)
-    ])
     await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: user.id }, { reason: 'wrong_password', during: 'password_change' })
     throw new AppError('invalid_credentials', 401, 'The current password is not right.', {
       errors: [{ in: 'body', pointer: '/current_password', detail: 'does not match' }]
     })
   }
+  await deps.failures.release(budgets.map(b => b.key))
   checkPasswordPolicy(newPassword, user.username, passwordPolicyOf(deps.config), '/new_password')
   const hash = await deps.passwords.hash(newPassword)
   const at = nowIso()
@@ -228,4 +309,16 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
     await endSessionsRecorded(trx, ctx, user.id, 'password_changed', principal.id)
     await revokeKeysRecorded(trx, ctx, user.id, 'password_changed')
   })
+}
+
+/**
+ * Housekeeping, hourly: sessions that ended more than a day ago are only
+ * history, which the event log keeps; addresses not signed in from within
+ * LOGIN_KNOWN_CLIENT_DAYS are no longer known.
+ */
+export async function purgeSignInHistory (db: Db, config: Pick<Config, 'loginKnownClientDays'>): Promise<{ sessions: number, addresses: number }> {
+  const now = Date.now()
+  const sessions = await deleteSessionsEndedBefore(db, new Date(now - 86_400_000).toISOString())
+  const addresses = await deleteSignInAddressesBefore(db, new Date(now - config.loginKnownClientDays * 86_400_000).toISOString())
+  return { sessions, addresses }
 }

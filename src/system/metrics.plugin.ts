@@ -1,6 +1,8 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
+import { countDeliveriesByStatus } from '../webhooks/webhooks.repository.ts'
+import { problems } from '../lib/openapi.ts'
 
 /**
  * Prometheus metrics at `${basePath}/metrics`. Routes are labelled by their
@@ -30,6 +32,48 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     collect () { this.set(app.passwords.pendingCount) }
   }))
 
+  // Webhooks: the queue is shared by every instance, so its size is read from the database at each scrape.
+  let queue: Promise<{ pending: number, failed: number }> | undefined
+  const readQueue = async (): Promise<{ pending: number, failed: number }> => {
+    queue ??= countDeliveriesByStatus(app.db).finally(() => { queue = undefined })
+    return await queue
+  }
+  registry.registerMetric(new Gauge({
+    name: 'gatehouse_webhook_deliveries_pending',
+    help: 'Webhook deliveries queued or being retried, across all instances.',
+    registers: [],
+    async collect () { this.set((await readQueue()).pending) }
+  }))
+  registry.registerMetric(new Gauge({
+    name: 'gatehouse_webhook_deliveries_failed',
+    help: 'Webhook deliveries given up after the retry horizon, across all instances.',
+    registers: [],
+    async collect () { this.set((await readQueue()).failed) }
+  }))
+  const attempts = new Counter({
+    name: 'gatehouse_webhook_attempts_total',
+    help: 'Webhook delivery requests made by this instance, by outcome.',
+    labelNames: ['outcome'] as const,
+    registers: [registry]
+  })
+  const attemptDuration = new Histogram({
+    name: 'gatehouse_webhook_attempt_duration_seconds',
+    help: 'Time a receiver took to answer a webhook request (this instance).',
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10],
+    registers: [registry]
+  })
+  const deliveryLag = new Histogram({
+    name: 'gatehouse_webhook_delivery_lag_seconds',
+    help: 'From an event to its successful delivery (this instance): queueing, retries and the request.',
+    buckets: [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300, 3600, 86_400],
+    registers: [registry]
+  })
+  app.webhooks.onAttempt(({ outcome, seconds, lagSeconds }) => {
+    attempts.inc({ outcome })
+    attemptDuration.observe(seconds)
+    if (lagSeconds !== undefined) deliveryLag.observe(lagSeconds)
+  })
+
   app.addHook('onResponse', async (request, reply) => {
     const route = request.routeOptions.url ?? 'unmatched'
     requests.inc({ method: request.method, route, status: reply.statusCode })
@@ -37,7 +81,14 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
   })
 
   app.get(options.path, {
-    schema: { tags: ['system'], operationId: 'metrics', summary: 'Metrics', description: 'Prometheus text format. Switch off with METRICS_ENABLED=false.' },
+    schema: {
+      tags: ['system'],
+      operationId: 'metrics',
+      summary: 'Metrics',
+      description: 'Prometheus text format. Switch off with METRICS_ENABLED=false.',
+      // A string body with a text type is sent as it is, never through a serializer.
+      response: { 200: { description: 'The metrics, in the Prometheus text exposition format 0.0.4.', content: { 'text/plain': { schema: { type: 'string' } } } }, ...problems() }
+    },
     logLevel: 'warn',
     config: { rateLimit: false }
   }, async (_request, reply) => {

@@ -1,10 +1,37 @@
+import { createRequire } from 'node:module'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import rateLimit from '@fastify/rate-limit'
+import rateLimit, { type FastifyRateLimitStore, type FastifyRateLimitStoreCtor } from '@fastify/rate-limit'
 import type { Redis } from 'ioredis'
 import { AppError } from '../errors.ts'
 
 const WINDOW_MS = 60_000
+const NAMESPACE = 'gatehouse:rate:'
+
+type IncrCallback = Parameters<FastifyRateLimitStore['incr']>[1]
+interface LibraryStore { incr: (key: string, callback: IncrCallback, timeWindow: number, max: number) => void }
+// The package exports only the plugin; its Redis store (one Lua script that counts and expires atomically) lives in this file.
+const RedisStore = createRequire(import.meta.url)('@fastify/rate-limit/store/RedisStore.js') as
+  new (continueExceeding: boolean, exponentialBackoff: boolean, redis: Redis, key: string) => LibraryStore
+
+/**
+ * The library's Redis store, under our namespace only. Its own child() names
+ * each limiter after a route, which a limiter made by createRateLimit does not
+ * have: keys came out as `gatehouse:rate:undefinedundefined-addr:…`. Our key
+ * generators already say which budget a key counts (`addr:…`, `cred:…`).
+ */
+function namespacedRedisStore (redis: Redis): FastifyRateLimitStoreCtor {
+  const store = new RedisStore(false, false, redis, NAMESPACE)
+  return class NamespacedRedisStore implements FastifyRateLimitStore {
+    incr (key: string, callback: IncrCallback, timeWindow?: number, max?: number): void {
+      store.incr(key, callback, timeWindow ?? WINDOW_MS, max ?? 0)
+    }
+
+    child (): FastifyRateLimitStore {
+      return this
+    }
+  }
+}
 
 type Limiter = (request: FastifyRequest) => Promise<{ isAllowed: boolean, max?: number, remaining?: number, ttlInSeconds?: number, isExceeded?: boolean }>
 
@@ -41,7 +68,9 @@ export default fp(async function rateLimitPlugin (app: FastifyInstance, options:
   await app.register(rateLimit, {
     global: false,
     timeWindow: WINDOW_MS,
-    ...(options.redis !== undefined ? { redis: options.redis, nameSpace: 'gatehouse:rate:' } : {})
+    // A Redis that fails or times out fails the request (503 dependency_unavailable), never lets it through unlimited.
+    skipOnError: false,
+    ...(options.redis !== undefined ? { store: namespacedRedisStore(options.redis) } : {})
   })
   const exempt = (request: FastifyRequest): boolean => request.routeOptions.config.rateLimit === false
 

@@ -2,6 +2,7 @@ import { sql, type Selectable, type Updateable } from 'kysely'
 import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { NewEventRow } from '../events/events.repository.ts'
+import { queueDeliveriesMany } from '../webhooks/webhooks.outbox.ts'
 import type { ListUsersQuery, Sort } from './users.schemas.ts'
 
 export type UserRow = Selectable<UsersTable>
@@ -52,6 +53,8 @@ export async function insertEventRows (db: Db, rows: NewEventRow[]): Promise<voi
   for (let i = 0; i < rows.length; i += INSERT_CHUNK) {
     await db.insertInto('events').values(rows.slice(i, i + INSERT_CHUNK)).execute()
   }
+  // Their webhook deliveries, as recordEvent queues them for one event.
+  await queueDeliveriesMany(db, rows, rows[0]?.occurred_at ?? new Date().toISOString())
 }
 
 /** Which of these case-folded usernames and emails existing users already have. */
@@ -222,4 +225,23 @@ function isoText (column: string): string {
 
 function escapeLike (value: string): string {
   return value.replace(/[\\%_]/g, c => `\\${c}`)
+}
+
+/** The sign-in lock state, which is not part of the User resource. */
+export async function findSignInState (db: Db, id: string): Promise<{ failed_logins: number, locked_until: Date | string | null } | undefined> {
+  return await db.selectFrom('users').select(['failed_logins', 'locked_until']).where('id', '=', id).executeTakeFirst()
+}
+
+/**
+ * Clears the failure count and the lock, returning what they were; undefined
+ * when there was nothing to clear (or no such user), so a repeated reset
+ * records nothing.
+ */
+export async function clearSignInLock (db: Db, id: string): Promise<{ failed_logins: number, locked_until: Date | string | null } | undefined> {
+  const before = await db.selectFrom('users').select(['failed_logins', 'locked_until']).where('id', '=', id)
+    .$if(isPostgres(db), q => q.forUpdate())
+    .executeTakeFirst()
+  if (before === undefined || (before.failed_logins === 0 && before.locked_until === null)) return undefined
+  await db.updateTable('users').set({ failed_logins: 0, locked_until: null }).where('id', '=', id).execute()
+  return before
 }

@@ -5,7 +5,7 @@ import { requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { setNextLink } from '../lib/paging.ts'
-import { FAMILIES, problems, ref, SECURITY } from '../lib/openapi.ts'
+import { FAMILIES, problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import {
   IfMatchHeaders,
   ListUsersQuery,
@@ -27,6 +27,7 @@ import {
   importUsers,
   listUsersPage,
   streamUsersJson,
+  unlockUser,
   updateUserById,
   type UsersDeps
 } from './users.service.ts'
@@ -76,6 +77,25 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     throw new AppError('import_failed', 422, `Nothing was imported: ${report.failed} of ${report.results.length} items failed (see results).`, { extensions: report })
   })
 
+  // Only in the current family, like import: 3.6.1 had no sign-in lock.
+  app.post('/api/users/:user_id/unlock', {
+    schema: {
+      tags: ['default'],
+      security: SECURITY,
+      operationId: 'unlock_user',
+      summary: 'Reset Sign-in Lock',
+      description: 'Admins only. Ends the account lock that repeated wrong passwords put on the user (see docs/security.md, "Account locking") ' +
+        'and sets their count of failed sign-ins back to 0, with a `user.unlocked` event. An account with nothing to reset is answered the same, ' +
+        'and no event is written. Throttling of sign-ins per address is not affected.',
+      params: UserIdParams,
+      response: { 204: { type: 'null', description: 'The account has no lock and no failed sign-ins counted.' }, ...problems(401, 403, 404, 422, 503) }
+    },
+    config: { scope: 'admin' }
+  }, async (request, reply) => {
+    await unlockUser(deps, request.principal!, requestContext(request), request.params.user_id)
+    return await reply.code(204).send(null)
+  })
+
   for (const family of FAMILIES) {
     const base = `${family.prefix}/users`
     const common = { tags: [family.tag], deprecated: family.legacy || undefined, security: SECURITY }
@@ -89,7 +109,10 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
           'This does not create a database user; see the README for that optional step.',
         consumes: CREATE_TYPES,
         body: ref(UserCreate),
-        response: { 201: { ...UserRef, description: 'The created user; `Location` names it and `ETag` versions it.' }, ...problems(401, 403, 409, 413, 415, 422, 503) }
+        response: {
+          201: withHeaders({ ...UserRef, description: 'The created user; `Location` names it and `ETag` versions it.' }, 'Location', 'ETag'),
+          ...problems(401, 403, 409, 413, 415, 422, 503)
+        }
       },
       config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES },
       preValidation: coerceForm
@@ -109,7 +132,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         description: 'Without `limit`: every user matching the filters, as one JSON array streamed from the database (memory stays flat however many users exist). ' +
           'With `limit`: one page; the next page is in the `Link: rel="next"` header.',
         querystring: ListUsersQuery,
-        response: { 200: { ...Type.Array(UserRef), description: 'Users, in the requested order.' }, ...problems(401, 403, 422, 503) }
+        // Unbounded without `limit`: every matching user (see docs/openapi-lint.md).
+        response: { 200: withHeaders({ ...Type.Array(UserRef), description: 'Users, in the requested order.' }, 'Link'), ...problems(401, 403, 422, 503) }
       },
       config: { scope: 'users:read', legacy: family.legacy }
     }, async (request, reply) => {
@@ -132,7 +156,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         description: 'Admins and `users:read` credentials read anyone; a signed-in user may read their own record.',
         summary: 'Get User',
         params: UserIdParams,
-        response: { 200: { ...UserRef, description: 'The user; `ETag` versions it.' }, ...problems(401, 403, 404, 422, 503) }
+        response: { 200: withHeaders({ ...UserRef, description: 'The user; `ETag` versions it.' }, 'ETag'), ...problems(401, 403, 404, 422, 503) }
       },
       config: { scope: 'users:read', self: true, legacy: family.legacy }
     }, async (request, reply) => {
@@ -152,7 +176,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         params: UserIdParams,
         headers: IfMatchHeaders,
         body: ref(UserPatch),
-        response: { 200: { ...UserRef, description: 'The updated user; `ETag` versions it.' }, ...problems(401, 403, 404, 409, 412, 413, 415, 422, 503) }
+        response: { 200: withHeaders({ ...UserRef, description: 'The updated user; `ETag` versions it.' }, 'ETag'), ...problems(401, 403, 404, 409, 412, 413, 415, 422, 503) }
       },
       config: { scope: 'users:write', self: true, legacy: family.legacy, accepts: PATCH_TYPES }
     }, async (request, reply) => {

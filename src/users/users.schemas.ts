@@ -1,5 +1,5 @@
-import { Type, type Static } from 'typebox'
-import { Nullable, ref } from '../lib/openapi.ts'
+import { Type, type Static, type TSchema } from 'typebox'
+import { Nullable, ref, Timestamp, Uuid } from '../lib/openapi.ts'
 
 /** Letters, digits and . _ @ -; ASCII so case-folding means the same in every database and client. */
 export const USERNAME_PATTERN = '^[A-Za-z0-9._@-]{1,64}$'
@@ -15,7 +15,8 @@ const Email = Type.String({ format: 'email', maxLength: 254, description: 'Uniqu
 const Name = Type.String({ maxLength: 200 })
 const Role = Type.Union([Type.Literal('admin'), Type.Literal('user')], { description: 'Only an admin may set it.' })
 const Group = Type.String({ minLength: 1, maxLength: 64 })
-const Groups = Type.Array(Group, { maxItems: 100, uniqueItems: true, description: 'Labels the main service maps to permissions.' })
+export const MAX_GROUPS = 100
+const Groups = Type.Array(Group, { maxItems: MAX_GROUPS, uniqueItems: true, description: 'Labels the main service maps to permissions.' })
 const Password = Type.String({
   minLength: 1,
   maxLength: 1024,
@@ -23,39 +24,60 @@ const Password = Type.String({
   writeOnly: true,
   description: 'Write-only: never returned. 8 to 256 characters, not containing the username.'
 })
-const Timestamp = Type.String({ format: 'date-time' })
-const NullableTimestamp = Nullable(Timestamp)
+const NullableTimestamp = Nullable(Timestamp())
 
+// Read back as written: the bounds of UserCreate hold for every stored user.
 export const User = Type.Object({
-  id: Type.String({ format: 'uuid', description: 'Server-assigned, immutable; the `user_id` of the other operations.' }),
-  username: Type.String(),
-  email: Nullable(Type.String()),
-  first_name: Nullable(Type.String()),
-  last_name: Nullable(Type.String()),
+  id: Uuid({ description: 'Server-assigned, immutable; the `user_id` of the other operations.' }),
+  username: Username,
+  email: Nullable(Email),
+  first_name: Nullable(Name),
+  last_name: Nullable(Name),
   role: Role,
-  groups: Type.Array(Type.String()),
+  groups: Groups,
   disabled: Type.Boolean(),
-  created_at: Timestamp,
-  updated_at: Timestamp,
+  created_at: Timestamp(),
+  updated_at: Timestamp(),
   last_login_at: NullableTimestamp,
   password_changed_at: NullableTimestamp
 }, { $id: 'User', additionalProperties: false, description: 'A person account of the web UI.' })
 export type User = Static<typeof User>
 
+/** The schema with an example value; Swagger UI fills form fields (Try it out) from these, one property at a time. */
+function withExample<T extends TSchema> (schema: T, example: unknown): T {
+  return { ...schema, examples: [example] }
+}
+
+/**
+ * What Swagger UI's Try it out starts from: an ordinary, enabled user (the
+ * schema alone would make it offer the first role, `admin`, and `********`).
+ */
+const CREATE_EXAMPLE = {
+  username: 'ada.lovelace',
+  password: 'plum orbit lantern seventeen',
+  email: 'ada@example.com',
+  first_name: 'Ada',
+  last_name: 'Lovelace',
+  role: 'user',
+  groups: ['analysts'],
+  disabled: false
+} as const
+
 export const UserCreate = Type.Object({
   username: Username,
-  password: Type.Optional(Password),
+  password: Type.Optional(withExample(Password, CREATE_EXAMPLE.password)),
   email: Type.Optional(Nullable(Email)),
-  first_name: Type.Optional(Nullable(Name)),
-  last_name: Type.Optional(Nullable(Name)),
-  role: Type.Optional(Role),
-  groups: Type.Optional(Groups),
-  disabled: Type.Optional(Type.Boolean())
+  first_name: Type.Optional(withExample(Nullable(Name), CREATE_EXAMPLE.first_name)),
+  last_name: Type.Optional(withExample(Nullable(Name), CREATE_EXAMPLE.last_name)),
+  role: Type.Optional(withExample(Role, CREATE_EXAMPLE.role)),
+  groups: Type.Optional(withExample(Groups, CREATE_EXAMPLE.groups)),
+  disabled: Type.Optional(Type.Boolean({ examples: [CREATE_EXAMPLE.disabled] }))
 }, {
   $id: 'UserCreate',
   additionalProperties: false,
   description: 'A new user. Unknown and read-only fields (`id`, timestamps, `password_hash`) are rejected with 422. ' +
-    'Without a password the user exists but cannot sign in until one is set.'
+    'Without a password the user exists but cannot sign in until one is set. The example\'s password is only an example: choose your own.',
+  examples: [CREATE_EXAMPLE]
 })
 export type UserCreate = Static<typeof UserCreate>
 
@@ -71,7 +93,9 @@ export const UserPatch = Type.Object({
 }, {
   $id: 'UserPatch',
   additionalProperties: false,
-  description: 'A JSON merge patch (RFC 7396): fields present are set, `null` clears an optional field, absent fields stay.'
+  description: 'A JSON merge patch (RFC 7396): fields present are set, `null` clears an optional field, absent fields stay.',
+  // A harmless change for Try it out (from the schema alone it would promote, disable and set the password `********`).
+  examples: [{ first_name: 'Ada', last_name: 'King', groups: ['analysts', 'ops'] }]
 })
 export type UserPatch = Static<typeof UserPatch>
 
@@ -79,7 +103,7 @@ export const SORTS = ['created_at', '-created_at', 'username', '-username', 'upd
 export type Sort = typeof SORTS[number]
 
 export const ListUsersQuery = Type.Object({
-  limit: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000, description: 'Page size. Without it, every matching user is returned in one streamed array.' })),
+  limit: Type.Optional(Type.Integer({ format: 'int32', minimum: 1, maximum: 1000, description: 'Page size. Without it, every matching user is returned in one streamed array.' })),
   cursor: Type.Optional(Type.String({ maxLength: 1024, description: 'From the `Link: rel="next"` header of the previous page.' })),
   q: Type.Optional(Type.String({ minLength: 1, maxLength: 200, description: 'Substring of username, email, first or last name, ignoring case.' })),
   username: Type.Optional(Type.String({ maxLength: 64, description: 'Exact username, ignoring case.' })),
@@ -92,7 +116,7 @@ export const ListUsersQuery = Type.Object({
 export type ListUsersQuery = Static<typeof ListUsersQuery>
 
 export const UserIdParams = Type.Object({
-  user_id: Type.String({ format: 'uuid', description: 'The `id` of a user, as the list operation returns it.' })
+  user_id: Uuid({ description: 'The `id` of a user, as the list operation returns it.' })
 })
 export type UserIdParams = Static<typeof UserIdParams>
 
@@ -134,22 +158,22 @@ export const UserImport = Type.Object({
 export type UserImport = Static<typeof UserImport>
 
 export const UserImportItemResult = Type.Object({
-  index: Type.Integer({ minimum: 0, description: 'Position of the item in `users`, from 0.' }),
-  username: Type.String(),
+  index: Type.Integer({ format: 'int32', minimum: 0, maximum: IMPORT_MAX_USERS - 1, description: 'Position of the item in `users`, from 0.' }),
+  username: Type.String({ maxLength: 64, pattern: USERNAME_PATTERN, description: 'The item\'s username.' }),
   status: Type.Union([Type.Literal('created'), Type.Literal('error'), Type.Literal('not_created')], {
     description: '`created`; `error` (see `code` and `detail`); or `not_created`: valid, but the atomic import failed on another item.'
   }),
-  id: Type.Optional(Type.String({ format: 'uuid', description: 'The new user\'s id, when created.' })),
-  code: Type.Optional(Type.String({ description: 'The error code (docs/errors.md), when `status` is `error`.', examples: ['password_hash_out_of_bounds'] })),
-  detail: Type.Optional(Type.String({ description: 'What is wrong with the item, for a person.' }))
+  id: Type.Optional(Uuid({ description: 'The new user\'s id, when created.' })),
+  code: Type.Optional(Type.String({ maxLength: 64, pattern: '^[a-z][a-z_]*$', description: 'The error code (docs/errors.md), when `status` is `error`.', examples: ['password_hash_out_of_bounds'] })),
+  detail: Type.Optional(Type.String({ maxLength: 1024, description: 'What is wrong with the item, for a person.' }))
 }, { $id: 'UserImportItemResult', additionalProperties: false, description: 'What became of one item of an import.' })
 export type UserImportItemResult = Static<typeof UserImportItemResult>
 
 const ImportCounts = {
   atomic: Type.Boolean(),
-  created: Type.Integer({ minimum: 0, description: 'Users created.' }),
-  failed: Type.Integer({ minimum: 0, description: 'Items with `status: error`.' }),
-  results: Type.Array(ref(UserImportItemResult), { description: 'One per item, in the order sent.' })
+  created: Type.Integer({ format: 'int32', minimum: 0, maximum: IMPORT_MAX_USERS, description: 'Users created.' }),
+  failed: Type.Integer({ format: 'int32', minimum: 0, maximum: IMPORT_MAX_USERS, description: 'Items with `status: error`.' }),
+  results: Type.Array(ref(UserImportItemResult), { maxItems: IMPORT_MAX_USERS, description: 'One per item, in the order sent.' })
 }
 
 export const UserImportResult = Type.Object(ImportCounts, {

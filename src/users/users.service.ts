@@ -9,8 +9,10 @@ import { checkPasswordPolicy, type PasswordPolicy } from '../lib/password-policy
 import { revokeKeysRecorded } from '../api-keys/api-keys.service.ts'
 import { endSessionsRecorded } from '../sessions/sessions.service.ts'
 import {
+  clearSignInLock,
   deleteUser,
   findPublicUserById,
+  findSignInState,
   findTakenKeys,
   findUserById,
   insertEventRows,
@@ -142,7 +144,8 @@ export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise
 export interface UsersPage { json: string, nextCursor: string | undefined }
 
 export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
-  const after = cursor !== undefined ? decodeCursor(cursor, sort, 2) as [string, string] : undefined
+  // Keyset position: [sort value, id]; username sorts by its case-folded text, the others by a timestamp.
+  const after = cursor !== undefined ? decodeCursor(cursor, sort, [sort.endsWith('username') ? 'text' : 'timestamp', 'uuid']) as [string, string] : undefined
   const page = await listUsersJson(deps.db, filter, sort, limit, after)
   return { json: page.json, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
 }
@@ -410,4 +413,41 @@ export async function importUsers (deps: UsersDeps, principal: Principal, ctx: R
     }
   })
   return outcome(atomic && anyFailed() ? 422 : 200)
+}
+
+/** Whether sign-in is locked for unknown clients, and the count toward the lock (docs/security.md "Account locking"). */
+export interface SignInState { failedLogins: number, lockedUntil: string | null }
+
+export async function getSignInState (deps: Pick<UsersDeps, 'db'>, id: string): Promise<SignInState> {
+  const row = await findSignInState(deps.db, id)
+  if (row === undefined) throw userNotFound(id)
+  const lockedUntil = toIso(row.locked_until)
+  // A lock whose time is up is no lock: the next failure starts the count afresh.
+  return { failedLogins: row.failed_logins, lockedUntil: lockedUntil !== null && Date.parse(lockedUntil) > Date.now() ? lockedUntil : null }
+}
+
+/**
+ * An admin lifts the sign-in lock early and sets the failure count back to 0,
+ * with a `user.unlocked` event. Resetting an account that has nothing to reset
+ * changes nothing and records nothing. Returns what was cleared.
+ */
+export async function unlockUser (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<SignInState | undefined> {
+  if (!isAdmin(principal)) throw new AppError('forbidden', 403, 'Resetting a sign-in lock is for admins.')
+  return await deps.db.transaction().execute(async trx => {
+    if (await findPublicUserById(trx, id) === undefined) throw userNotFound(id)
+    const cleared = await clearSignInLock(trx, id)
+    if (cleared === undefined) return undefined
+    const state = { failedLogins: cleared.failed_logins, lockedUntil: toIso(cleared.locked_until) }
+    await recordEvent(trx, ctx, 'user.unlocked', { type: 'user', id }, { failed_logins: state.failedLogins, locked_until: state.lockedUntil })
+    return state
+  })
+}
+
+/** An admin ends every session of a user (each with a `session.ended` event, reason `ended_by_admin`); API keys stay. */
+export async function endUserSessions (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<void> {
+  if (!isAdmin(principal)) throw new AppError('forbidden', 403, 'Ending another user\'s sessions is for admins.')
+  await deps.db.transaction().execute(async trx => {
+    if (await findPublicUserById(trx, id) === undefined) throw userNotFound(id)
+    await endSessionsRecorded(trx, ctx, id, 'ended_by_admin')
+  })
 }

@@ -1,0 +1,222 @@
+import { Ajv, type ErrorObject } from 'ajv'
+import addFormats from 'ajv-formats'
+import { AppError } from '../errors.ts'
+import { SCOPES, type Scope } from '../auth/principal.ts'
+import { ApiKeyCreate } from '../api-keys/api-keys.schemas.ts'
+import { ListEventsQuery } from '../events/events.schemas.ts'
+import { ListUsersQuery, UserCreate, UserPatch, type User } from '../users/users.schemas.ts'
+
+/**
+ * The console's forms become the API's own request shapes (UserCreate,
+ * UserPatch, ApiKeyCreate, the list queries) and are checked against the
+ * API's own schemas, so the console can accept nothing the API would refuse.
+ * Failures come back per field, to be shown next to the field.
+ */
+const ajv = new Ajv({ allErrors: true, strict: false, coerceTypes: false })
+addFormats.default(ajv)
+const queryAjv = new Ajv({ allErrors: true, strict: false, coerceTypes: true })
+addFormats.default(queryAjv)
+
+const checkCreate = ajv.compile(UserCreate)
+const checkPatch = ajv.compile(UserPatch)
+const checkKey = ajv.compile(ApiKeyCreate)
+const checkUsersQuery = queryAjv.compile(ListUsersQuery)
+const checkEventsQuery = queryAjv.compile(ListEventsQuery)
+
+/** Field name to what is wrong with it. */
+export type FieldErrors = Record<string, string>
+
+export type Fields = Record<string, unknown>
+
+/** The one value of a form field; a field sent twice takes the first. */
+export function text (fields: Fields, name: string): string {
+  const value = fields[name]
+  const first = Array.isArray(value) ? value[0] : value
+  return typeof first === 'string' ? first : ''
+}
+
+function all (fields: Fields, name: string): string[] {
+  const value = fields[name]
+  const list = Array.isArray(value) ? value : value === undefined ? [] : [value]
+  return list.filter((v): v is string => typeof v === 'string')
+}
+
+/** "analysts, ops" as a list: commas or new lines separate groups. */
+export function parseGroups (value: string): string[] {
+  return value.split(/[,\n]/).map(g => g.trim()).filter(g => g !== '')
+}
+
+function describe (error: ErrorObject): string {
+  const limit = error.params as { limit?: number, format?: string }
+  switch (error.keyword) {
+    case 'required': return 'is required'
+    case 'format': return limit.format === 'email' ? 'is not an email address' : `is not a valid ${limit.format ?? 'value'}`
+    case 'pattern': return 'may contain letters, digits and . _ @ - only'
+    case 'maxLength': return `is too long (at most ${limit.limit} characters)`
+    case 'minLength': return 'is required'
+    case 'uniqueItems': return 'names the same entry twice'
+    case 'maxItems': return `has too many entries (at most ${limit.limit})`
+    case 'minItems': return 'needs at least one entry'
+    case 'enum': case 'const': case 'anyOf': return 'is not one of the choices'
+    default: return error.message ?? 'is not valid'
+  }
+}
+
+function fieldErrors (errors: ErrorObject[] | null | undefined): FieldErrors {
+  const out: FieldErrors = {}
+  for (const error of errors ?? []) {
+    const name = error.keyword === 'required'
+      ? String((error.params as { missingProperty: string }).missingProperty)
+      : error.instancePath.split('/')[1] ?? ''
+    if (name !== '' && out[name] === undefined) out[name] = describe(error)
+  }
+  return out
+}
+
+export type Parsed<T> = { ok: true, value: T } | { ok: false, errors: FieldErrors }
+
+/** The values a user form shows: what was typed, or the user as stored. */
+export interface UserFormValues {
+  username: string
+  email: string
+  first_name: string
+  last_name: string
+  role: 'admin' | 'user'
+  groups: string
+  disabled: boolean
+}
+
+export function formValuesOf (user: User): UserFormValues {
+  return {
+    username: user.username,
+    email: user.email ?? '',
+    first_name: user.first_name ?? '',
+    last_name: user.last_name ?? '',
+    role: user.role,
+    groups: user.groups.join(', '),
+    disabled: user.disabled
+  }
+}
+
+export function formValuesFrom (fields: Fields): UserFormValues {
+  return {
+    username: text(fields, 'username').trim(),
+    email: text(fields, 'email').trim(),
+    first_name: text(fields, 'first_name').trim(),
+    last_name: text(fields, 'last_name').trim(),
+    role: text(fields, 'role') === 'admin' ? 'admin' : 'user',
+    groups: text(fields, 'groups'),
+    disabled: text(fields, 'disabled') !== ''
+  }
+}
+
+const FORM_FIELDS = ['username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled'] as const
+export type FormField = typeof FORM_FIELDS[number]
+
+/**
+ * The values the edit form was filled with (`was_*` hidden fields), i.e. the
+ * version the admin read; undefined when the form did not carry them.
+ */
+export function originalValuesFrom (fields: Fields): UserFormValues | undefined {
+  if (fields.was_username === undefined) return undefined
+  const values = formValuesFrom(Object.fromEntries(FORM_FIELDS.map(name => [name, fields[`was_${name}`]])))
+  values.disabled = text(fields, 'was_disabled') === 'true'
+  return values
+}
+
+function comparable (field: FormField, values: UserFormValues): string {
+  return field === 'groups' ? parseGroups(values.groups).join(',') : String(values[field])
+}
+
+/** The fields whose values differ between two fillings of the form. */
+export function changedFields (a: UserFormValues, b: UserFormValues): FormField[] {
+  return FORM_FIELDS.filter(field => comparable(field, a) !== comparable(field, b))
+}
+
+/** A new user from the create form; empty optional fields are left out, so the API's defaults apply. */
+export function parseCreate (fields: Fields): Parsed<UserCreate> {
+  const values = formValuesFrom(fields)
+  const password = text(fields, 'password')
+  const input: Record<string, unknown> = { username: values.username, role: text(fields, 'role') || 'user', groups: parseGroups(values.groups), disabled: values.disabled }
+  if (values.email !== '') input.email = values.email
+  if (values.first_name !== '') input.first_name = values.first_name
+  if (values.last_name !== '') input.last_name = values.last_name
+  if (password !== '') input.password = password
+  return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: fieldErrors(checkCreate.errors) }
+}
+
+/**
+ * The edit form as a merge patch of the fields the admin changed from the
+ * version they read: an emptied field clears it, an empty password leaves the
+ * password alone.
+ */
+export function parsePatch (fields: Fields): Parsed<UserPatch> {
+  const values = formValuesFrom(fields)
+  const original = originalValuesFrom(fields)
+  const password = text(fields, 'password')
+  const patch: Record<string, unknown> = {
+    username: values.username,
+    email: values.email === '' ? null : values.email,
+    first_name: values.first_name === '' ? null : values.first_name,
+    last_name: values.last_name === '' ? null : values.last_name,
+    role: text(fields, 'role'),
+    groups: parseGroups(values.groups),
+    disabled: values.disabled
+  }
+  if (password !== '') patch.password = password
+  if (!checkPatch(patch)) return { ok: false, errors: fieldErrors(checkPatch.errors) }
+  // Only what the admin changed goes into the merge patch, so fields they did not touch are never written back.
+  if (original !== undefined) {
+    const changed = new Set<string>(changedFields(values, original))
+    for (const field of FORM_FIELDS) if (!changed.has(field)) delete patch[field]
+  }
+  return { ok: true, value: patch as UserPatch }
+}
+
+/** `datetime-local` gives a wall-clock time without a zone; the form says it is UTC. */
+export function parseKey (fields: Fields): Parsed<ApiKeyCreate> & { expires: string } {
+  const expires = text(fields, 'expires_at').trim()
+  const input: Record<string, unknown> = { name: text(fields, 'name').trim() }
+  const scopes = all(fields, 'scopes').filter((s): s is Scope => (SCOPES as readonly string[]).includes(s))
+  if (scopes.length > 0) input.scopes = [...new Set(scopes)]
+  if (expires !== '') {
+    const match = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2})?$/.exec(expires)
+    const at = match !== null ? new Date(`${match[1]!}T${match[2]!}${match[3] ?? ':00'}Z`) : undefined
+    if (at === undefined || Number.isNaN(at.getTime())) return { ok: false, errors: { expires_at: 'is not a date and time' }, expires }
+    input.expires_at = at.toISOString()
+  }
+  if (!checkKey(input)) return { ok: false, errors: fieldErrors(checkKey.errors), expires }
+  return { ok: true, value: input as ApiKeyCreate, expires }
+}
+
+function parseQuery<T> (check: ((data: unknown) => boolean) & { errors?: ErrorObject[] | null }, query: unknown, keep: readonly string[]): T {
+  const input: Record<string, unknown> = {}
+  for (const [name, value] of Object.entries((query ?? {}) as Record<string, unknown>)) {
+    // An empty filter field means "any"; names the page does not use are ignored.
+    if (keep.includes(name) && typeof value === 'string' && value.trim() !== '') input[name] = value.trim()
+  }
+  if (!check(input)) {
+    const errors = fieldErrors(check.errors)
+    throw new AppError('validation_failed', 422, `These filters are not valid: ${Object.entries(errors).map(([n, d]) => `${n} ${d}`).join('; ')}.`)
+  }
+  return input as T
+}
+
+export const USER_QUERY_FIELDS = ['q', 'role', 'group', 'disabled', 'sort', 'cursor'] as const
+export const EVENT_QUERY_FIELDS = ['type', 'actor_id', 'target_id', 'cursor'] as const
+
+export function parseUsersQuery (query: unknown): ListUsersQuery {
+  return parseQuery<ListUsersQuery>(checkUsersQuery, query, USER_QUERY_FIELDS)
+}
+
+export function parseEventsQuery (query: unknown): ListEventsQuery {
+  return parseQuery<ListEventsQuery>(checkEventsQuery, query, EVENT_QUERY_FIELDS)
+}
+
+/** Where each error code of the users service belongs on the form. */
+export function fieldOfError (error: AppError): string | undefined {
+  if (error.code === 'username_taken') return 'username'
+  if (error.code === 'email_taken') return 'email'
+  if (error.code.startsWith('password_')) return 'password'
+  return undefined
+}

@@ -1,0 +1,348 @@
+import { readFileSync } from 'node:fs'
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyTypeBox } from '../app.ts'
+import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import type { Principal } from '../auth/principal.ts'
+import { AppError, mapDatabaseError } from '../errors.ts'
+import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
+import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
+import { listEventsPage } from '../events/events.service.ts'
+import { passwordPolicyOf } from '../lib/password-policy.ts'
+import { authenticateSession } from '../sessions/sessions.service.ts'
+import { UserIdParams, type User } from '../users/users.schemas.ts'
+import {
+  createUser,
+  deleteUserById,
+  endUserSessions,
+  etagOf,
+  getSignInState,
+  getUser,
+  listUsersPage,
+  unlockUser,
+  updateUserById,
+  type UsersDeps
+} from '../users/users.service.ts'
+import {
+  fieldOfError,
+  formValuesFrom,
+  formValuesOf,
+  originalValuesFrom,
+  parseCreate,
+  parseEventsQuery,
+  parseKey,
+  parsePatch,
+  parseUsersQuery,
+  text,
+  type FieldErrors,
+  type Fields
+} from './console.forms.ts'
+import type { SafeHtml } from './html.ts'
+import {
+  apiKeysPage,
+  conflictPage,
+  deletedNotice,
+  deletePage,
+  errorPage,
+  eventsPage,
+  newUserPage,
+  notAdminPage,
+  secretPage,
+  userPage,
+  usersPage,
+  type UserView,
+  type ViewContext
+} from './console.views.ts'
+
+const asset = (name: string): string => readFileSync(new URL(`./assets/${name}`, import.meta.url), 'utf8')
+const CSS = asset('console.css')
+const JS = asset('console.js')
+
+/**
+ * Only this console's own files: no inline script or style anywhere, no other
+ * origin, forms that post back here only.
+ */
+const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+const FORM = ['application/x-www-form-urlencoded']
+const PAGE_SIZE = 50
+const USER_EVENTS = 20
+
+/** The message that explains the last-admin rule where it stops an action. */
+function lastAdminText (username: string): string {
+  return `${username} is the last enabled admin. gatehouse always keeps at least one enabled admin, so that someone can still manage users and keys. ` +
+    'Make another user an admin first (open them and set Role to admin), then try again.'
+}
+
+const NOTICES: Record<string, string> = {
+  created: 'User created.',
+  saved: 'Changes saved.',
+  unchanged: 'Nothing to save: the form matched the stored user.',
+  disabled: 'User disabled: their sessions ended and their API keys were revoked.',
+  enabled: 'User enabled.',
+  unlocked: 'Sign-in lock reset: the failure count is 0 and the account is not locked.',
+  'not-locked': 'There was nothing to reset: the account had no lock and no failed sign-ins counted.',
+  'sessions-ended': 'Every session of this user has ended.',
+  revoked: 'Key revoked.'
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    consoleUser?: string
+  }
+}
+
+export default async function consoleRoutes (app: FastifyTypeBox): Promise<void> {
+  const base = app.config.basePath
+  const admin = `${base}/admin`
+  const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config) }
+  app.decorateRequest('consoleUser', undefined)
+
+  const viewOf = (request: FastifyRequest, notice?: SafeHtml | string): ViewContext =>
+    ({ base, username: request.consoleUser, notice })
+
+  const sendPage = (reply: FastifyReply, status: number, page: string): FastifyReply => reply.code(status)
+    .header('Content-Security-Policy', CSP)
+    .header('X-Frame-Options', 'DENY')
+    // Not no-referrer: under that policy browsers send "Origin: null" with form posts, which the CSRF check refuses.
+    .header('Referrer-Policy', 'same-origin')
+    .type('text/html; charset=utf-8')
+    .send(page)
+
+  const seeOther = (reply: FastifyReply, location: string): FastifyReply => reply.code(303).header('Location', location).send()
+
+  app.setErrorHandler(async (error, request, reply) => {
+    const appError = error instanceof AppError
+      ? error
+      : mapDatabaseError(error) ?? ((error as { validation?: unknown }).validation !== undefined
+        ? new AppError('validation_failed', 422, 'This address is not one the console knows (an id or parameter is not valid).')
+        : undefined)
+    if (appError === undefined || appError.status >= 500) request.log.error({ err: error }, 'console request failed')
+    const status = appError?.status ?? 500
+    const message = appError?.detail ?? `Something went wrong on our side. Quote request id ${request.id} when reporting it.`
+    for (const [name, value] of Object.entries(appError?.headers ?? {})) reply.header(name, value)
+    const title = status === 404 ? 'Not found' : status === 403 ? 'Refused' : status >= 500 ? 'Something went wrong' : 'Not done'
+    return sendPage(reply, status, errorPage(viewOf(request), title, message))
+  })
+
+  // Who may use the console: a signed-in admin, through the browser's session cookie.
+  app.addHook('onRequest', async (request, reply) => {
+    if (request.routeOptions.url?.startsWith(`${admin}/assets/`) === true) return
+    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const principal: Principal | undefined = token !== undefined && token !== '' ? await authenticateSession({ db: app.db, config: app.config }, token) : undefined
+    if (principal === undefined) {
+      const next = request.method === 'GET' ? request.url : admin
+      return await seeOther(reply, `${base}/login?next=${encodeURIComponent(next)}`)
+    }
+    request.principal = principal
+    await app.spendCredentialBudget?.(request, reply)
+    // Every change rides on the cookie, so it must come from our own pages.
+    if (request.method !== 'GET' && request.method !== 'HEAD') assertSameOrigin(request, app.config.trustedOrigins)
+    if (principal.user?.role !== 'admin') {
+      return await sendPage(reply, 403, notAdminPage(viewOf(request), principal.user?.username ?? ''))
+    }
+    request.consoleUser = principal.user.username
+  })
+
+  const hidden = { hide: true }
+  const formPost = { config: { accepts: FORM } }
+
+  app.get('/admin/assets/console.css', { schema: hidden }, async (_request, reply) => await reply.type('text/css; charset=utf-8').send(CSS))
+  app.get('/admin/assets/console.js', { schema: hidden }, async (_request, reply) => await reply.type('text/javascript; charset=utf-8').send(JS))
+  app.get('/admin', { schema: hidden }, async (_request, reply) => await seeOther(reply, `${admin}/users`))
+  // Any other address under the console is a console page that does not exist, answered as a page.
+  app.get('/admin/*', { schema: hidden }, async () => { throw new AppError('route_not_found', 404, 'There is no console page at this address.') })
+
+  // -------------------------------------------------------------------------
+  // Users
+
+  const usersFrom = (json: string): User[] => JSON.parse(json) as User[]
+
+  const isLastAdmin = async (user: User): Promise<boolean> => {
+    if (user.role !== 'admin' || user.disabled) return false
+    const admins = await listUsersPage(deps, { role: 'admin', disabled: false }, 'created_at', 2, undefined)
+    return usersFrom(admins.json).length < 2
+  }
+
+  const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
+    const { user, version } = await getUser(deps, id)
+    const [signIn, events, lastAdmin] = await Promise.all([
+      getSignInState(deps, id),
+      listEventsPage(app.db, { target_id: id, limit: USER_EVENTS }),
+      isLastAdmin(user)
+    ])
+    return sendPage(reply, status, userPage(viewOf(request, notice), {
+      user, version, signIn, events: events.events, moreEvents: events.nextCursor !== undefined, lastAdmin, ...extra
+    }))
+  }
+
+  app.get('/admin/users', { schema: hidden }, async (request, reply) => {
+    const query = parseUsersQuery(request.query)
+    const page = await listUsersPage(deps, { q: query.q, role: query.role, group: query.group, disabled: query.disabled }, query.sort ?? 'created_at', PAGE_SIZE, query.cursor)
+    const q = request.query as Record<string, unknown>
+    const notice = q.done === 'deleted' && typeof q.username === 'string' ? deletedNotice(viewOf(request), q.username) : undefined
+    return sendPage(reply, 200, usersPage(viewOf(request, notice), { users: usersFrom(page.json), query, nextCursor: page.nextCursor }))
+  })
+
+  app.get('/admin/users/new', { schema: hidden }, async (request, reply) => {
+    return sendPage(reply, 200, newUserPage(viewOf(request), formValuesFrom({}), {}))
+  })
+
+  app.post('/admin/users', { schema: hidden, ...formPost }, async (request, reply) => {
+    const fields = (request.body ?? {}) as Fields
+    const parsed = parseCreate(fields)
+    if (!parsed.ok) return sendPage(reply, 422, newUserPage(viewOf(request), formValuesFrom(fields), parsed.errors))
+    try {
+      const { user } = await createUser(deps, request.principal!, requestContext(request), parsed.value)
+      return await seeOther(reply, `${admin}/users/${user.id}?done=created`)
+    } catch (error) {
+      const field = error instanceof AppError ? fieldOfError(error) : undefined
+      if (field === undefined) throw error
+      return sendPage(reply, (error as AppError).status, newUserPage(viewOf(request), formValuesFrom(fields), { [field]: (error as AppError).detail.replace(/\.$/, '') }))
+    }
+  })
+
+  const userRoute = { schema: { ...hidden, params: UserIdParams } }
+  type UserRequest = FastifyRequest<{ Params: { user_id: string } }>
+
+  app.get('/admin/users/:user_id', userRoute, async (request: UserRequest, reply) => {
+    const done = (request.query as Record<string, unknown>).done
+    const notice = typeof done === 'string' ? NOTICES[done] : undefined
+    return await renderUser(request, reply, 200, request.params.user_id, { created: done === 'created' }, notice)
+  })
+
+  /** The version the form was read at; required, since without it the edit could overwrite a change unseen. */
+  const versionOf = (fields: Fields): string => {
+    const version = text(fields, 'version')
+    if (!/^\d{1,12}$/.test(version)) throw new AppError('validation_failed', 422, 'The form is missing the version it was read at; reload the page and try again.')
+    return etagOf(Number(version))
+  }
+
+  app.post('/admin/users/:user_id', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    const fields = (request.body ?? {}) as Fields
+    const ifMatch = versionOf(fields)
+    const values = formValuesFrom(fields)
+    const original = originalValuesFrom(fields)
+    // Shown again, the form keeps the version and values it was read at, so a concurrent change is still caught.
+    const again = { values, original, formVersion: Number(ifMatch.slice(1, -1)) }
+    const parsed = parsePatch(fields)
+    if (!parsed.ok) return await renderUser(request, reply, 422, id, { ...again, errors: parsed.errors })
+    if (Object.keys(parsed.value).length === 0) return await seeOther(reply, `${admin}/users/${id}?done=unchanged`)
+    try {
+      await updateUserById(deps, request.principal!, requestContext(request), id, parsed.value, ifMatch)
+      return await seeOther(reply, `${admin}/users/${id}?done=saved`)
+    } catch (error) {
+      if (!(error instanceof AppError)) throw error
+      if (error.code === 'precondition_failed') {
+        const current = await getUser(deps, id)
+        return sendPage(reply, 409, conflictPage(viewOf(request), current.user, current.version, values, original ?? formValuesOf(current.user), text(fields, 'password') !== ''))
+      }
+      if (error.code === 'last_admin') return await renderUser(request, reply, 409, id, { ...again, blocked: lastAdminText(values.username) })
+      const field = fieldOfError(error)
+      if (field !== undefined) return await renderUser(request, reply, error.status, id, { ...again, errors: { [field]: error.detail.replace(/\.$/, '') } })
+      throw error
+    }
+  })
+
+  for (const [action, disabled] of [['disable', true], ['enable', false]] as const) {
+    app.post(`/admin/users/:user_id/${action}`, { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+      const id = request.params.user_id
+      try {
+        await updateUserById(deps, request.principal!, requestContext(request), id, { disabled }, undefined)
+      } catch (error) {
+        if (!(error instanceof AppError) || error.code !== 'last_admin') throw error
+        const { user } = await getUser(deps, id)
+        return await renderUser(request, reply, 409, id, { blocked: lastAdminText(user.username) })
+      }
+      if (disabled && id === request.principal!.userId) return await seeOther(reply, `${base}/login`)
+      return await seeOther(reply, `${admin}/users/${id}?done=${action}d`)
+    })
+  }
+
+  app.post('/admin/users/:user_id/unlock', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const cleared = await unlockUser(deps, request.principal!, requestContext(request), request.params.user_id)
+    return await seeOther(reply, `${admin}/users/${request.params.user_id}?done=${cleared !== undefined ? 'unlocked' : 'not-locked'}`)
+  })
+
+  app.post('/admin/users/:user_id/end-sessions', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    await endUserSessions(deps, request.principal!, requestContext(request), id)
+    // Ending one's own sessions ends this one too.
+    if (id === request.principal!.userId) return await seeOther(reply, `${base}/login?next=${encodeURIComponent(admin)}`)
+    return await seeOther(reply, `${admin}/users/${id}?done=sessions-ended`)
+  })
+
+  app.get('/admin/users/:user_id/delete', userRoute, async (request: UserRequest, reply) => {
+    const { user, version } = await getUser(deps, request.params.user_id)
+    return sendPage(reply, 200, deletePage(viewOf(request), user, version, await isLastAdmin(user) ? lastAdminText(user.username) : undefined))
+  })
+
+  app.post('/admin/users/:user_id/delete', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    const ifMatch = versionOf((request.body ?? {}) as Fields)
+    const { user } = await getUser(deps, id)
+    try {
+      await deleteUserById(deps, request.principal!, requestContext(request), id, ifMatch)
+    } catch (error) {
+      if (!(error instanceof AppError) || (error.code !== 'precondition_failed' && error.code !== 'last_admin')) throw error
+      const current = await getUser(deps, id)
+      const why = error.code === 'last_admin'
+        ? lastAdminText(current.user.username)
+        : 'The user was changed after this page was opened. Check the details below and confirm again.'
+      return sendPage(reply, 409, deletePage(viewOf(request), current.user, current.version, why))
+    }
+    if (id === request.principal!.userId) return await seeOther(reply, `${base}/login`)
+    return await seeOther(reply, `${admin}/users?done=deleted&username=${encodeURIComponent(user.username)}`)
+  })
+
+  // -------------------------------------------------------------------------
+  // API keys
+
+  const keysPage = async (request: FastifyRequest, reply: FastifyReply, status: number, form = { name: '', scopes: [] as string[], expires: '' }, errors: FieldErrors = {}, general?: string, notice?: string): Promise<FastifyReply> => {
+    const includeRevoked = (request.query as Record<string, unknown>).include_revoked === 'true'
+    const keys = await listApiKeysOf(app.db, includeRevoked)
+    return sendPage(reply, status, apiKeysPage(viewOf(request, notice), keys, includeRevoked, form, errors, general))
+  }
+
+  app.get('/admin/api-keys', { schema: hidden }, async (request, reply) => {
+    const done = (request.query as Record<string, unknown>).done
+    return await keysPage(request, reply, 200, undefined, {}, undefined, typeof done === 'string' ? NOTICES[done] : undefined)
+  })
+
+  app.post('/admin/api-keys', { schema: hidden, ...formPost }, async (request, reply) => {
+    const fields = (request.body ?? {}) as Fields
+    const parsed = parseKey(fields)
+    const form = { name: text(fields, 'name'), scopes: ([] as unknown[]).concat(fields.scopes ?? []).filter((s): s is string => typeof s === 'string'), expires: parsed.expires }
+    if (!parsed.ok) return await keysPage(request, reply, 422, form, parsed.errors)
+    try {
+      const key = await createApiKey(app.db, request.principal!, requestContext(request), parsed.value)
+      return sendPage(reply, 201, secretPage(viewOf(request), key, false))
+    } catch (error) {
+      const pointer = error instanceof AppError ? error.errors?.[0]?.pointer : undefined
+      if (pointer === undefined) throw error
+      return await keysPage(request, reply, (error as AppError).status, form, { [pointer.slice(1)]: (error as AppError).errors![0]!.detail })
+    }
+  })
+
+  const keyRoute = { schema: { ...hidden, params: ApiKeyIdParams }, ...formPost }
+  type KeyRequest = FastifyRequest<{ Params: { key_id: string } }>
+
+  app.post('/admin/api-keys/:key_id/revoke', keyRoute, async (request: KeyRequest, reply) => {
+    await revokeApiKeyById(app.db, requestContext(request), request.params.key_id)
+    return await seeOther(reply, `${admin}/api-keys?done=revoked`)
+  })
+
+  app.post('/admin/api-keys/:key_id/rotate', keyRoute, async (request: KeyRequest, reply) => {
+    const key = await rotateApiKey(app.db, requestContext(request), request.params.key_id)
+    return sendPage(reply, 200, secretPage(viewOf(request), key, true))
+  })
+
+  // -------------------------------------------------------------------------
+  // Events
+
+  app.get('/admin/events', { schema: hidden }, async (request, reply) => {
+    const query = parseEventsQuery(request.query)
+    const page = await listEventsPage(app.db, { ...query, limit: PAGE_SIZE })
+    return sendPage(reply, 200, eventsPage(viewOf(request), page.events, query, page.nextCursor))
+  })
+}

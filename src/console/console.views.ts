@@ -1,0 +1,423 @@
+import type { ApiKey, ApiKeyWithSecret } from '../api-keys/api-keys.schemas.ts'
+import { SCOPES } from '../auth/principal.ts'
+import { roleNameProblem } from '../cli/pg-role.ts'
+import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
+import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
+import type { SignInState } from '../users/users.service.ts'
+import { changedFields, formValuesOf, type FieldErrors, type UserFormValues } from './console.forms.ts'
+import { html, queryOf, type SafeHtml } from './html.ts'
+
+/** What every page needs to know: where it is served and who is looking. */
+export interface ViewContext {
+  base: string
+  /** The signed-in admin, for the header; undefined on pages shown before that is known. */
+  username: string | undefined
+  /** A sentence to show at the top of the page (a finished action). */
+  notice?: SafeHtml | string | undefined
+}
+
+type Section = 'users' | 'api-keys' | 'events' | undefined
+
+export function layout (ctx: ViewContext, title: string, section: Section, body: SafeHtml): string {
+  const admin = `${ctx.base}/admin`
+  const link = (href: string, name: string, key: Section): SafeHtml =>
+    html`<li><a href="${href}"${section === key ? html` aria-current="page"` : ''}>${name}</a></li>`
+  const header = ctx.username !== undefined
+    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}</ul></nav>
+<div class="who"><span>Signed in as <strong>${ctx.username}</strong></span>
+<form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form></div>`
+    : ''
+  const notice = ctx.notice !== undefined && ctx.notice !== '' ? html`<div class="notice" role="status">${ctx.notice}</div>` : ''
+  return html`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${title} · gatehouse admin</title>
+<link rel="stylesheet" href="${admin}/assets/console.css">
+<script src="${admin}/assets/console.js" defer></script>
+</head>
+<body>
+<a class="skip" href="#main">Skip to content</a>
+<header class="top"><a class="brand" href="${admin}">gatehouse admin</a>${header}</header>
+<main id="main" tabindex="-1">
+${notice}${body}
+</main>
+<div id="live" class="visually-hidden" aria-live="polite"></div>
+</body>
+</html>
+`.text
+}
+
+function date (iso: string | null): SafeHtml {
+  if (iso === null) return html`<span class="muted">never</span>`
+  return html`<time datetime="${iso}">${iso.slice(0, 16).replace('T', ' ')} UTC</time>`
+}
+
+function options<T extends string> (values: ReadonlyArray<readonly [T, string]>, selected: string | undefined): SafeHtml[] {
+  return values.map(([value, label]) => html`<option value="${value}"${value === selected ? html` selected` : ''}>${label}</option>`)
+}
+
+/** An input with its label, hint and error, wired together for screen readers. */
+function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string } = {}): SafeHtml {
+  const error = errors[name]
+  const described = [extra.hint !== undefined ? `${name}-hint` : '', error !== undefined ? `${name}-error` : ''].filter(Boolean).join(' ')
+  return html`<div class="field">
+<label for="${name}">${label}${extra.required === true ? '' : html` <span class="muted">(optional)</span>`}</label>
+<input id="${name}" name="${name}" type="${extra.type ?? 'text'}" value="${value}"${extra.required === true ? html` required` : ''}${extra.autocomplete !== undefined ? html` autocomplete="${extra.autocomplete}"` : ''}${described !== '' ? html` aria-describedby="${described}"` : ''}${error !== undefined ? html` aria-invalid="true"` : ''}>
+${extra.hint !== undefined ? html`<p class="hint" id="${name}-hint">${extra.hint}</p>` : ''}
+${error !== undefined ? html`<p class="field-error" id="${name}-error">${label} ${error}.</p>` : ''}
+</div>`
+}
+
+const LABELS: Record<string, string> = {
+  username: 'Username', email: 'Email', first_name: 'First name', last_name: 'Last name', groups: 'Groups', role: 'Role', password: 'Password', disabled: 'Disabled', name: 'Name', expires_at: 'Expires', scopes: 'Scopes'
+}
+
+function errorSummary (errors: FieldErrors, general: string | undefined): SafeHtml {
+  const items = Object.entries(errors)
+  if (items.length === 0 && general === undefined) return html``
+  return html`<div class="error" role="alert" id="form-errors"><strong>Nothing was saved.</strong>${general !== undefined ? html` ${general}` : ''}
+${items.length > 0 ? html`<ul>${items.map(([name, detail]) => html`<li><a href="#${name}">${LABELS[name] ?? name}</a> ${detail}</li>`)}</ul>` : ''}</div>`
+}
+
+/** The values the edit form was filled with, sent back with it so that only changed fields are written. */
+function originalFields (original: UserFormValues): SafeHtml[] {
+  return (Object.keys(original) as Array<keyof UserFormValues>).map(field => html`<input type="hidden" name="was_${field}" value="${String(original[field])}">`)
+}
+
+function userFields (values: UserFormValues, errors: FieldErrors, passwordHint: string): SafeHtml {
+  return html`<div class="grid">
+${input('username', 'Username', values.username, errors, { required: true, autocomplete: 'off', hint: 'Letters, digits and . _ @ -; unique ignoring case.' })}
+${input('email', 'Email', values.email, errors, { type: 'email', autocomplete: 'off' })}
+${input('first_name', 'First name', values.first_name, errors, { autocomplete: 'off' })}
+${input('last_name', 'Last name', values.last_name, errors, { autocomplete: 'off' })}
+${input('groups', 'Groups', values.groups, errors, { hint: 'Separated by commas, e.g. analysts, ops.', autocomplete: 'off' })}
+<div class="field"><label for="role">Role</label>
+<select id="role" name="role">${options([['user', 'user'], ['admin', 'admin']], values.role)}</select></div>
+${input('password', 'Password', '', errors, { type: 'password', autocomplete: 'new-password', hint: passwordHint })}
+</div>
+<div class="field"><label class="check"><input type="checkbox" name="disabled" value="true"${values.disabled ? html` checked` : ''}> Disabled (cannot sign in; API keys stop working)</label></div>`
+}
+
+// ---------------------------------------------------------------------------
+// Users
+
+export interface UsersListView {
+  users: User[]
+  query: ListUsersQuery
+  nextCursor: string | undefined
+}
+
+export function usersPage (ctx: ViewContext, view: UsersListView): string {
+  const list = `${ctx.base}/admin/users`
+  const q = view.query
+  const filters = { q: q.q, role: q.role, group: q.group, disabled: q.disabled === undefined ? undefined : String(q.disabled), sort: q.sort }
+  const filtered = q.q !== undefined || q.role !== undefined || q.group !== undefined || q.disabled !== undefined
+  const sortLabels: Record<string, string> = {
+    created_at: 'Oldest first', '-created_at': 'Newest first', username: 'Username A–Z', '-username': 'Username Z–A', updated_at: 'Least recently changed', '-updated_at': 'Most recently changed'
+  }
+  const rows = view.users.map(user => html`<tr>
+<td data-label="Username"><a href="${list}/${user.id}">${user.username}</a></td>
+<td data-label="Name">${[user.first_name, user.last_name].filter(Boolean).join(' ')}</td>
+<td data-label="Email">${user.email ?? ''}</td>
+<td data-label="Role">${user.role === 'admin' ? html`<span class="badge admin">admin</span>` : 'user'}</td>
+<td data-label="Groups">${user.groups.join(', ')}</td>
+<td data-label="Status">${user.disabled ? html`<span class="badge off">disabled</span>` : 'enabled'}</td>
+<td data-label="Created">${date(user.created_at)}</td>
+<td data-label="ID" class="id">${user.id}</td>
+</tr>`)
+  const body = html`<div class="actions"><h1>Users</h1><a class="button" href="${list}/new">Create user</a></div>
+<form class="panel filters" method="get" action="${list}" role="search" aria-label="Find users">
+<div class="field wide"><label for="q">Search</label><input id="q" name="q" type="search" value="${q.q ?? ''}" aria-describedby="q-hint"><p class="hint" id="q-hint">Part of a username, email, first or last name; case does not matter.</p></div>
+<div class="field"><label for="f-role">Role</label><select id="f-role" name="role">${options([['', 'Any'], ['admin', 'admin'], ['user', 'user']], q.role ?? '')}</select></div>
+<div class="field"><label for="f-group">Group</label><input id="f-group" name="group" type="text" value="${q.group ?? ''}"></div>
+<div class="field"><label for="f-disabled">Status</label><select id="f-disabled" name="disabled">${options([['', 'Any'], ['false', 'Enabled'], ['true', 'Disabled']], filters.disabled ?? '')}</select></div>
+<div class="field"><label for="f-sort">Order</label><select id="f-sort" name="sort">${options(SORTS.map(s => [s, sortLabels[s] ?? s] as const), q.sort ?? 'created_at')}</select></div>
+<div class="field actions"><button type="submit">Apply</button>${filtered ? html`<a href="${list}">Clear</a>` : ''}</div>
+</form>
+${view.users.length === 0
+  ? html`<p class="panel">${filtered ? 'No user matches these filters.' : 'There are no users yet.'}</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Users" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Users${filtered ? ' matching the filters' : ''}, ${sortLabels[q.sort ?? 'created_at']}</caption>
+<thead><tr><th scope="col">Username</th><th scope="col">Name</th><th scope="col">Email</th><th scope="col">Role</th><th scope="col">Groups</th><th scope="col">Status</th><th scope="col">Created</th><th scope="col">ID</th></tr></thead>
+<tbody>${rows}</tbody></table></div>`}
+<nav class="pager" aria-label="Pages">
+${q.cursor !== undefined ? html`<a href="${list}${queryOf(filters)}">First page</a>` : ''}
+${view.nextCursor !== undefined ? html`<a href="${list}${queryOf({ ...filters, cursor: view.nextCursor })}" rel="next">Next page</a>` : ''}
+</nav>`
+  return layout(ctx, 'Users', 'users', body)
+}
+
+export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: FieldErrors, general?: string): string {
+  const body = html`<h1>Create a user</h1>
+${errorSummary(errors, general)}
+<form class="panel" method="post" action="${ctx.base}/admin/users" novalidate>
+${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username.')}
+<div class="actions"><button type="submit">Create user</button><a href="${ctx.base}/admin/users">Cancel</a></div>
+</form>`
+  return layout(ctx, 'Create a user', 'users', body)
+}
+
+/** The optional database-user step, as the command to run (docs/cli.md); the console never touches the service's database. */
+export function dbUserCommand (username: string, action: 'create' | 'drop'): SafeHtml {
+  const problem = roleNameProblem(username)
+  const role = problem === undefined ? username : username.toLowerCase().replace(/[^a-z0-9_$]/g, '_').replace(/^([^a-z_])/, '_$1').slice(0, 63)
+  const command = action === 'create'
+    ? `export SERVICE_DATABASE_URL=postgres://…\nnpx gatehouse db-user create ${role}`
+    : `export SERVICE_DATABASE_URL=postgres://…\nnpx gatehouse db-user drop ${role}`
+  return html`<pre class="command"><code>${command}</code></pre>
+${problem !== undefined ? html`<p class="hint">“${username}” cannot be a role name (${problem}); the command above uses “${role}”. Choose another lower-case name if you prefer.</p>` : ''}
+<p class="hint">${action === 'create'
+  ? 'It asks for the password and creates the role with LOGIN CREATEDB; add --privileges login,createdb,superuser for a superuser. See docs/cli.md.'
+  : 'It drops that role and nothing else. See docs/cli.md.'}</p>`
+}
+
+export interface UserView {
+  user: User
+  version: number
+  signIn: SignInState
+  events: Event[]
+  moreEvents: boolean
+  /** The only enabled admin: the last-admin rule applies to them. */
+  lastAdmin: boolean
+  values?: UserFormValues
+  /** The version and values an edit form being shown again was read at (else the stored user's). */
+  formVersion?: number
+  original?: UserFormValues | undefined
+  errors?: FieldErrors
+  general?: string | undefined
+  /** Why an action was refused (the last-admin rule), shown above the actions. */
+  blocked?: string | undefined
+  created?: boolean
+}
+
+export function eventsTable (ctx: ViewContext, events: Event[], caption: string): SafeHtml {
+  if (events.length === 0) return html`<p class="panel">No events.</p>`
+  const users = `${ctx.base}/admin/users`
+  const who = (type: string, id: string | null): SafeHtml =>
+    id === null ? html`${type}` : type === 'user' ? html`user <a href="${users}/${id}" class="id">${id}</a>` : html`${type} <code>${id}</code>`
+  return html`<div class="table-wrap" role="region" aria-label="${caption}" tabindex="0"><table class="cards">
+<caption class="visually-hidden">${caption}, newest first</caption>
+<thead><tr><th scope="col">When</th><th scope="col">Event</th><th scope="col">Actor</th><th scope="col">Target</th><th scope="col">Details</th></tr></thead>
+<tbody>${events.map(e => html`<tr>
+<td data-label="When">${date(e.occurred_at)}</td><td data-label="Event"><code>${e.type}</code></td><td data-label="Actor">${who(e.actor.type, e.actor.id)}</td>
+<td data-label="Target">${e.target === null ? '' : who(e.target.type, e.target.id)}</td>
+<td data-label="Details" class="data"><code>${JSON.stringify(e.data)}</code>${e.client_ip !== null ? html`<br><span class="muted">from ${e.client_ip}</span>` : ''}</td>
+</tr>`)}</tbody></table></div>`
+}
+
+export function userPage (ctx: ViewContext, view: UserView): string {
+  const { user } = view
+  const url = `${ctx.base}/admin/users/${user.id}`
+  const errors = view.errors ?? {}
+  const values = view.values ?? formValuesOf(user)
+  const locked = view.signIn.lockedUntil !== null
+  const lastAdminNote = view.lastAdmin
+    ? html`<p class="warning" id="last-admin-note"><strong>The last enabled admin.</strong> gatehouse always keeps one enabled admin, so that someone can manage it: ${user.username} cannot be disabled, made a user or deleted until another user is an admin.</p>`
+    : ''
+  const body = html`<h1>${user.username} ${user.role === 'admin' ? html`<span class="badge admin">admin</span>` : ''} ${user.disabled ? html`<span class="badge off">disabled</span>` : ''} ${locked ? html`<span class="badge locked">sign-in locked</span>` : ''}</h1>
+${view.blocked !== undefined ? html`<div class="error" role="alert"><strong>Not done.</strong> ${view.blocked}</div>` : ''}
+${view.created === true
+? html`<section class="panel" aria-labelledby="db-title"><h2 id="db-title">Next, if they need one: the database user</h2>
+<p>gatehouse keeps its own accounts only. If ${user.username} also needs an account in the service's relational database, run:</p>${dbUserCommand(user.username, 'create')}</section>`
+: ''}
+<section class="panel" aria-labelledby="facts-title"><h2 id="facts-title">Account</h2>
+<dl class="facts">
+<dt>ID</dt><dd><code id="user-id">${user.id}</code></dd>
+<dt>Status</dt><dd>${user.disabled ? 'disabled' : 'enabled'}</dd>
+<dt>Created</dt><dd>${date(user.created_at)}</dd>
+<dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
+<dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
+<dt>Password</dt><dd>${user.password_changed_at === null ? 'none set: cannot sign in' : html`set ${date(user.password_changed_at)}`}</dd>
+<dt>Sign-in lock</dt><dd>${locked ? html`locked for unknown clients until ${date(view.signIn.lockedUntil)}` : 'not locked'}; ${view.signIn.failedLogins} failed sign-in${view.signIn.failedLogins === 1 ? '' : 's'} counted</dd>
+</dl></section>
+${lastAdminNote}
+<section class="panel" aria-labelledby="edit-title"><h2 id="edit-title">Edit</h2>
+${errorSummary(errors, view.general)}
+<form method="post" action="${url}" novalidate>
+<input type="hidden" name="version" value="${view.formVersion ?? view.version}">
+${originalFields(view.original ?? formValuesOf(user))}
+${userFields(values, errors, 'Leave empty to keep the current password. Setting one ends their sessions and revokes their API keys.')}
+<button type="submit">Save changes</button>
+</form></section>
+<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2>
+<div class="actions">
+${user.disabled
+  ? html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`
+  : html`<form method="post" action="${url}/disable" data-confirm="Disable ${user.username}? Their sessions end and their API keys are revoked." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`}
+<form method="post" action="${url}/unlock"><button type="submit" class="secondary">Reset sign-in lock</button></form>
+<form method="post" action="${url}/end-sessions" data-confirm="End every session of ${user.username}? They will have to sign in again." data-confirm-label="End sessions"><button type="submit" class="secondary">End sessions</button></form>
+<a class="button danger" href="${url}/delete">Delete…</a>
+</div>
+<p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
+</section>
+${view.created === true
+? ''
+: html`<section class="panel" aria-labelledby="db-user-title"><h2 id="db-user-title">Database user (optional)</h2>
+<p>The console never creates or drops database roles. To give ${user.username} a role in the service's database, run:</p>
+${dbUserCommand(user.username, 'create')}</section>`}
+<section aria-labelledby="events-title"><h2 id="events-title">Events about ${user.username}</h2>
+${eventsTable(ctx, view.events, `Events about ${user.username}`)}
+<p class="pager"><a href="${ctx.base}/admin/events${queryOf({ target_id: user.id })}">${view.moreEvents ? 'All events about this user' : 'Open in the event timeline'}</a>
+<a href="${ctx.base}/admin/events${queryOf({ actor_id: user.id })}">What ${user.username} did</a></p>
+</section>`
+  return layout(ctx, user.username, 'users', body)
+}
+
+export function deletePage (ctx: ViewContext, user: User, version: number, blocked?: string): string {
+  const url = `${ctx.base}/admin/users/${user.id}`
+  const body = html`<h1>Delete ${user.username}?</h1>
+${blocked !== undefined ? html`<div class="error" role="alert"><strong>Not deleted.</strong> ${blocked}</div>` : ''}
+<section class="panel">
+<p>This deletes the user <strong>${user.username}</strong>${user.email !== null ? html` (${user.email})` : ''}, id <code>${user.id}</code>, ends their sessions and revokes their API keys. It cannot be undone; the event log keeps a record.</p>
+<form method="post" action="${url}/delete" class="actions">
+<input type="hidden" name="version" value="${version}">
+<button type="submit" class="danger">Delete ${user.username}</button>
+<a href="${url}">Cancel</a>
+</form></section>`
+  return layout(ctx, `Delete ${user.username}`, 'users', body)
+}
+
+export function deletedNotice (ctx: ViewContext, username: string): SafeHtml {
+  return html`<p>Deleted ${username}. If they had a database role, drop it too (optional):</p>${dbUserCommand(username, 'drop')}`
+}
+
+const FIELD_LABELS: Array<[keyof UserFormValues, string]> = [
+  ['username', 'Username'], ['email', 'Email'], ['first_name', 'First name'], ['last_name', 'Last name'], ['role', 'Role'], ['groups', 'Groups'], ['disabled', 'Disabled']
+]
+
+/**
+ * A concurrent edit: the version the admin opened, their version and the
+ * current one side by side. Applying their changes posts again against the
+ * current version, carrying only the fields they changed.
+ */
+export function conflictPage (ctx: ViewContext, current: User, version: number, mine: UserFormValues, original: UserFormValues, typedPassword: boolean): string {
+  const url = `${ctx.base}/admin/users/${current.id}`
+  const theirs = formValuesOf(current)
+  const mineChanged = new Set(changedFields(mine, original))
+  const theyChanged = new Set(changedFields(theirs, original))
+  const show = (value: string | boolean): string => typeof value === 'boolean' ? (value ? 'yes' : 'no') : value === '' ? '—' : value
+  const rows = FIELD_LABELS.map(([field, label]) => {
+    const who = mineChanged.has(field) && theyChanged.has(field) ? 'both changed' : mineChanged.has(field) ? 'you changed' : theyChanged.has(field) ? 'they changed' : 'unchanged'
+    return html`<tr${who === 'both changed' ? html` class="differs"` : ''}><th scope="row">${label}</th><td data-label="When you opened it">${show(original[field])}</td><td data-label="Your version">${show(mine[field])}</td><td data-label="Current version">${show(theirs[field])}</td><td data-label="Who changed it">${who}</td></tr>`
+  })
+  const merged: UserFormValues = { ...theirs }
+  for (const field of mineChanged) (merged as unknown as Record<string, unknown>)[field] = mine[field]
+  const hidden = FIELD_LABELS.filter(([field]) => field !== 'disabled').map(([field]) => html`<input type="hidden" name="${field}" value="${String(merged[field])}">`)
+  const body = html`<h1>${current.username} was changed by someone else</h1>
+<div class="warning" role="alert"><strong>Your changes were not saved.</strong> While you were editing, someone else changed this user (it is now at version ${version}). Compare the versions, then choose.</div>
+<div class="table-wrap compare" role="region" aria-label="The versions compared" tabindex="0"><table class="cards">
+<caption class="visually-hidden">The version you opened, your version and the current version</caption>
+<thead><tr><th scope="col">Field</th><th scope="col">When you opened it</th><th scope="col">Your version</th><th scope="col">Current version</th><th scope="col">Who changed it</th></tr></thead>
+<tbody>${rows}</tbody></table></div>
+${typedPassword ? html`<p class="warning">The new password you typed was not kept; type it again after choosing.</p>` : ''}
+<section class="panel actions">
+<form method="post" action="${url}">
+<input type="hidden" name="version" value="${version}">
+${originalFields(theirs)}
+${hidden}${merged.disabled ? html`<input type="hidden" name="disabled" value="true">` : ''}
+<button type="submit">Apply my changes to the current version</button>
+</form>
+<a class="button secondary" href="${url}">Discard my changes</a>
+</section>`
+  return layout(ctx, `Conflict: ${current.username}`, 'users', body)
+}
+
+// ---------------------------------------------------------------------------
+// API keys
+
+export interface KeyFormValues { name: string, scopes: string[], expires: string }
+
+export function apiKeysPage (ctx: ViewContext, keys: ApiKey[], includeRevoked: boolean, form: KeyFormValues, errors: FieldErrors, general?: string): string {
+  const page = `${ctx.base}/admin/api-keys`
+  const rows = keys.map(key => {
+    const expired = key.expires_at !== null && Date.parse(key.expires_at) <= Date.now()
+    const status = key.revoked_at !== null ? html`<span class="badge off">revoked</span>` : expired ? html`<span class="badge off">expired</span>` : 'active'
+    return html`<tr>
+<td data-label="Name">${key.name}</td><td data-label="Prefix"><code>${key.prefix}…</code></td><td data-label="Scopes">${key.scopes.join(', ')}</td>
+<td data-label="Owner">${key.user_id === null ? html`<span class="muted">deployment</span>` : html`<a href="${ctx.base}/admin/users/${key.user_id}">owner's account</a>`}</td>
+<td data-label="Created">${date(key.created_at)}</td><td data-label="Expires">${key.expires_at === null ? html`<span class="muted">no expiry</span>` : date(key.expires_at)}</td><td data-label="Last used">${date(key.last_used_at)}</td><td data-label="Status">${status}</td>
+<td data-label="Actions">${key.revoked_at === null
+  ? html`<div class="actions">
+<form method="post" action="${page}/${key.id}/rotate" data-confirm="Rotate “${key.name}”? Its current secret stops working at once." data-confirm-label="Rotate"><button type="submit" class="secondary" aria-label="Rotate ${key.name}">Rotate</button></form>
+<form method="post" action="${page}/${key.id}/revoke" data-confirm="Revoke “${key.name}”? It stops working at once." data-confirm-label="Revoke"><button type="submit" class="danger" aria-label="Revoke ${key.name}">Revoke</button></form></div>`
+  : ''}</td></tr>`
+  })
+  const scopeHints: Record<string, string> = { admin: 'everything', 'users:read': 'list and read users', 'users:write': 'create, change and delete users (not admins)', 'events:read': 'read the event log', 'webhooks:manage': 'manage webhooks' }
+  const body = html`<h1>API keys</h1>
+<section class="panel" aria-labelledby="new-key"><h2 id="new-key">Create a key</h2>
+${errorSummary(errors, general)}
+<form method="post" action="${page}" novalidate>
+<div class="grid">
+${input('name', 'Name', form.name, errors, { required: true, hint: 'What the key is for, e.g. nightly export.', autocomplete: 'off' })}
+${input('expires_at', 'Expires (UTC)', form.expires, errors, { type: 'datetime-local', hint: 'Empty: the key never expires.' })}
+</div>
+<fieldset aria-describedby="scopes-hint"><legend>Scopes</legend>
+${SCOPES.map(scope => html`<label class="check"><input type="checkbox" name="scopes" value="${scope}"${form.scopes.includes(scope) ? html` checked` : ''}> <code>${scope}</code> <span class="muted">${scopeHints[scope] ?? ''}</span></label>`)}
+<p class="hint" id="scopes-hint">None ticked: <code>admin</code>, the access of the main API's keys.</p>
+</fieldset>
+<button type="submit">Create key</button>
+</form></section>
+<div class="section-head"><h2>Keys</h2><a href="${page}${includeRevoked ? '' : '?include_revoked=true'}">${includeRevoked ? 'Hide revoked keys' : 'Show revoked keys'}</a></div>
+${keys.length === 0
+  ? html`<p class="panel">No keys.</p>`
+  : html`<div class="table-wrap" role="region" aria-label="API keys" tabindex="0"><table class="cards">
+<caption class="visually-hidden">API keys, oldest first</caption>
+<thead><tr><th scope="col">Name</th><th scope="col">Prefix</th><th scope="col">Scopes</th><th scope="col">Owner</th><th scope="col">Created</th><th scope="col">Expires</th><th scope="col">Last used</th><th scope="col">Status</th><th scope="col">Actions</th></tr></thead>
+<tbody>${rows}</tbody></table></div>`}`
+  return layout(ctx, 'API keys', 'api-keys', body)
+}
+
+export function secretPage (ctx: ViewContext, key: ApiKeyWithSecret, rotated: boolean): string {
+  const body = html`<h1>${rotated ? 'New secret for' : 'Key created:'} ${key.name}</h1>
+<div class="warning" role="alert"><strong>Copy the secret now.</strong> It is shown only this once: gatehouse keeps only a digest of it. ${rotated ? 'The previous secret has stopped working.' : ''}</div>
+<section class="panel" aria-labelledby="secret-label">
+<p id="secret-label"><strong>Secret</strong></p>
+<div class="secret"><code id="secret">${key.key}</code><button type="button" data-copy="secret" hidden>Copy</button></div>
+<dl class="facts">
+<dt>ID</dt><dd><code>${key.id}</code></dd>
+<dt>Scopes</dt><dd>${key.scopes.join(', ')}</dd>
+<dt>Expires</dt><dd>${key.expires_at === null ? 'never' : date(key.expires_at)}</dd>
+</dl>
+<p class="hint">Send it as <code>Authorization: Bearer</code>, <code>X-API-Key</code> or <code>?API_KEY=</code>.</p>
+</section>
+<p><a href="${ctx.base}/admin/api-keys">Back to the keys</a></p>`
+  return layout(ctx, 'Key secret', 'api-keys', body)
+}
+
+// ---------------------------------------------------------------------------
+// Events
+
+export function eventsPage (ctx: ViewContext, events: Event[], query: { type?: string | undefined, actor_id?: string | undefined, target_id?: string | undefined, cursor?: string | undefined }, nextCursor: string | undefined): string {
+  const page = `${ctx.base}/admin/events`
+  const filters = { type: query.type, actor_id: query.actor_id, target_id: query.target_id }
+  const filtered = Object.values(filters).some(v => v !== undefined)
+  const body = html`<h1>Events</h1>
+<form class="panel filters" method="get" action="${page}" aria-label="Filter events">
+<div class="field"><label for="type">Type</label><select id="type" name="type">${options([['', 'Any'], ...EVENT_TYPES.map(t => [t, t] as const)], query.type ?? '')}</select></div>
+<div class="field"><label for="actor_id">Actor id</label><input id="actor_id" name="actor_id" type="text" value="${query.actor_id ?? ''}" autocomplete="off"></div>
+<div class="field"><label for="target_id">Target id</label><input id="target_id" name="target_id" type="text" value="${query.target_id ?? ''}" autocomplete="off"></div>
+<div class="field actions"><button type="submit">Apply</button>${filtered ? html`<a href="${page}">Clear</a>` : ''}</div>
+</form>
+${eventsTable(ctx, events, 'Events')}
+<nav class="pager" aria-label="Pages">
+${query.cursor !== undefined ? html`<a href="${page}${queryOf(filters)}">Newest</a>` : ''}
+${nextCursor !== undefined ? html`<a href="${page}${queryOf({ ...filters, cursor: nextCursor })}" rel="next">Older events</a>` : ''}
+</nav>`
+  return layout(ctx, 'Events', 'events', body)
+}
+
+// ---------------------------------------------------------------------------
+// Refusals and errors
+
+export function errorPage (ctx: ViewContext, title: string, message: string, extra?: SafeHtml): string {
+  return layout(ctx, title, undefined, html`<h1>${title}</h1><div class="error" role="alert">${message}</div>${extra ?? ''}
+<p><a href="${ctx.base}/admin">Back to the console</a></p>`)
+}
+
+export function notAdminPage (ctx: ViewContext, username: string): string {
+  return layout({ ...ctx, username: undefined }, 'Not an admin', undefined, html`<h1>Admins only</h1>
+<div class="error" role="alert">You are signed in as <strong>${username}</strong>, who does not have the admin role. The console is for admins; ask one to make you an admin, or sign in as one.</div>
+<form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form>`)
+}

@@ -1,0 +1,333 @@
+import { createHash } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import { createRequire } from 'node:module'
+import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyTypeBox } from '../app.ts'
+import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import type { Principal } from '../auth/principal.ts'
+import { AppError } from '../errors.ts'
+import { safeNext } from '../sessions/login-page.ts'
+import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
+import { authenticateSession, type SessionsDeps, type SignIn } from '../sessions/sessions.service.ts'
+import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
+import {
+  completeSignIn, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, passkeySignIn, regenerateRecoveryCodes, removeTotp,
+  startTotp, startTotpForChallenge, type MfaPending, type MfaProof
+} from './mfa.service.ts'
+import { relyingParty } from './mfa.routes.ts'
+
+const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
+main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(26rem,90vw)}
+h1{font-size:1.4rem;margin:0 0 1rem}h2{font-size:1.1rem;margin:1.4rem 0 .4rem}label{display:block;margin:.8rem 0 .2rem;font-weight:600}
+input{width:100%;box-sizing:border-box;padding:.55rem;border:1px solid #8a8f98;border-radius:4px;font:inherit}
+input:focus,button:focus,a:focus{outline:3px solid #2f6fde;outline-offset:1px}
+button{margin-top:1rem;width:100%;padding:.6rem;border:0;border-radius:4px;background:#1f5fcf;color:#fff;font:inherit;font-weight:600;cursor:pointer}
+button.secondary{background:#fff;color:#1f5fcf;border:2px solid #1f5fcf}a{color:#1f5fcf;font-weight:600}
+.error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}
+.qr svg{display:block;width:12rem;height:12rem;margin:0 auto}code{font-size:1.05rem;word-break:break-all}
+ol.codes{columns:2;font-family:monospace;font-size:1.05rem}`
+const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
+/** Scripts only from here (the passkey helper and its library), fetches only to here, forms only to here. */
+const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
+
+const PAGE_SCRIPT = readFileSync(new URL('./assets/mfa.js', import.meta.url), 'utf8')
+// The package exports only its modules; the browser bundle sits beside them.
+const WEBAUTHN_BUNDLE = readFileSync(new URL('../dist/bundle/index.umd.min.js', `file://${createRequire(import.meta.url).resolve('@simplewebauthn/browser')}`), 'utf8')
+
+function escapeHtml (text: string): string {
+  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
+}
+
+function layout (basePath: string, title: string, body: string, error?: string): string {
+  const alert = error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(error)}</p>\n` : ''
+  return `<!doctype html>
+<html lang="en" data-base="${escapeHtml(basePath)}">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${escapeHtml(title)}</title>
+<style>${STYLE}</style>
+<script src="${basePath}/assets/webauthn.js" defer></script>
+<script src="${basePath}/assets/mfa.js" defer></script>
+</head>
+<body>
+<main>
+<h1>${escapeHtml(title)}</h1>
+${alert}${body}
+<p id="passkey-status" role="status"></p>
+</main>
+</body>
+</html>
+`
+}
+
+function send (reply: FastifyReply, status: number, html: string): FastifyReply {
+  return reply.code(status)
+    .header('Content-Security-Policy', CSP)
+    .header('X-Frame-Options', 'DENY')
+    // As on the sign-in page: the real Origin must reach our own form posts.
+    .header('Referrer-Policy', 'same-origin')
+    .type('text/html; charset=utf-8')
+    .send(html)
+}
+
+function field (body: unknown, name: string, max = 2048): string {
+  const value = (body as Record<string, unknown> | null)?.[name]
+  return typeof value === 'string' && value.length <= max ? value : ''
+}
+
+function hidden (name: string, value: string | undefined): string {
+  return value === undefined ? '' : `<input type="hidden" name="${name}" value="${escapeHtml(value)}">\n`
+}
+
+function totpBlock (setup: TotpSetup): string {
+  return `<p>Scan this code with your authenticator app, or type the key below into it.</p>
+<div class="qr" id="totp-qr">${setup.qr_svg}</div>
+<p>Key: <code id="totp-secret">${escapeHtml(setup.secret)}</code></p>
+`
+}
+
+function stepPage (basePath: string, pending: Pick<MfaPending, 'challengeToken' | 'methods' | 'enrol'>, next: string | undefined, setup: TotpSetup | undefined, error?: string): string {
+  const codeLabel = pending.enrol
+    ? 'Code from the app'
+    : pending.methods.includes('totp') ? 'Code from your authenticator app, or a recovery code' : 'Recovery code'
+  const wantsCode = pending.enrol ? setup !== undefined : pending.methods.some(m => m === 'totp' || m === 'recovery_code')
+  const intro = pending.enrol
+    ? '<p>This account needs a second factor. Set one up now: an authenticator app, or a passkey.</p>\n'
+    : ''
+  const passkeyButton = pending.methods.includes('passkey')
+    ? `<button type="button" class="secondary" data-passkey="challenge" hidden>${pending.enrol ? 'Register a passkey' : 'Use a passkey'}</button>\n`
+    : ''
+  return layout(basePath, pending.enrol ? 'Set up a second factor' : 'Second step', `${intro}<form method="post" action="${basePath}/login/mfa">
+${hidden('challenge_token', pending.challengeToken)}${hidden('next', next)}<input type="hidden" name="passkey" value="">
+${setup !== undefined ? totpBlock(setup) : ''}${wantsCode
+    ? `<label for="code">${codeLabel}</label>
+<input id="code" name="code" autocomplete="one-time-code" autofocus>
+<button type="submit">Continue</button>
+`
+    : ''}${passkeyButton}</form>`, error)
+}
+
+function codesPage (basePath: string, codes: string[], continueTo: string): string {
+  return layout(basePath, 'Recovery codes', `<p>Keep these ten codes somewhere safe. Each one signs you in once if you lose your authenticator app or passkey. They are shown only now.</p>
+<ol class="codes" id="recovery-codes">
+${codes.map(c => `<li><code>${escapeHtml(c)}</code></li>`).join('\n')}
+</ol>
+<p><a href="${escapeHtml(continueTo)}" id="continue">Continue</a></p>`)
+}
+
+/** The methods a pending sign-in offers, as the page shows them; a TOTP set-up is made for an enrolment that can use one. */
+export async function sendMfaStep (app: FastifyTypeBox, deps: SessionsDeps, reply: FastifyReply, pending: MfaPending, next: string | undefined, status = 200, error?: string): Promise<FastifyReply> {
+  const setup = pending.enrol && pending.methods.includes('totp') ? await startTotpForChallenge(deps, pending.challengeToken) : undefined
+  return send(reply, status, stepPage(app.config.basePath, pending, next, setup, error))
+}
+
+function parseCredential (json: string): PasskeyCredential {
+  try {
+    return JSON.parse(json) as PasskeyCredential
+  } catch {
+    throw new AppError('mfa_failed', 401, 'The passkey answer was not JSON.')
+  }
+}
+
+/** The browser's session, for the account pages; they have no other credential. */
+async function pagePrincipal (deps: SessionsDeps, request: FastifyRequest): Promise<Principal | undefined> {
+  const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+  const principal = token !== undefined && token !== '' ? await authenticateSession(deps, token) : undefined
+  if (principal?.user == null) return undefined
+  request.principal = principal
+  return principal
+}
+
+/**
+ * The browser's side of second factors: the second sign-in step, sign-in with
+ * a passkey, and the account page where a signed-in user enrols and removes
+ * factors. Everything goes through the same services as the API.
+ */
+export function registerMfaPages (app: FastifyTypeBox, deps: SessionsDeps): void {
+  const basePath = app.config.basePath
+  const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
+  // As the sign-in page decides: the web UI's start page if configured, else the signed-in page.
+  const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
+  const accountPath = `${basePath}/account`
+
+  const signedIn = async (request: FastifyRequest, reply: FastifyReply, result: SignIn, next: string | undefined, codes?: string[]): Promise<FastifyReply> => {
+    setSignInCookies(request, reply, result, app.config)
+    if (codes !== undefined) return send(reply, 200, codesPage(basePath, codes, afterSignIn(next)))
+    return await reply.code(303).header('Location', afterSignIn(next)).send()
+  }
+
+  app.get('/assets/mfa.js', { schema: { hide: true } }, async (_request, reply) => reply.type('text/javascript; charset=utf-8').send(PAGE_SCRIPT))
+  app.get('/assets/webauthn.js', { schema: { hide: true } }, async (_request, reply) => reply.type('text/javascript; charset=utf-8').send(WEBAUTHN_BUNDLE))
+
+  app.post('/login/mfa', form, async (request, reply) => {
+    assertSameOrigin(request, app.config.trustedOrigins)
+    const next = safeNext(field(request.body, 'next'))
+    const token = field(request.body, 'challenge_token', 64)
+    const code = field(request.body, 'code', 64).replace(/\s/g, '')
+    const passkey = field(request.body, 'passkey', 32_768)
+    const proof: MfaProof = passkey !== '' ? { passkey: parseCredential(passkey) } : /^\d{6}$/.test(code) ? { totpCode: code } : { recoveryCode: code }
+    try {
+      if (passkey === '' && code === '') throw new AppError('mfa_failed', 401, 'no code')
+      const result = await completeSignIn(deps, sessionContext(request), token, proof, relyingParty(request, app.config))
+      return await signedIn(request, reply, result.signIn, next, result.recoveryCodes)
+    } catch (error) {
+      if (!(error instanceof AppError)) throw error
+      const pending = await describeChallenge(deps, token)
+      if (error.code === 'rate_limited') {
+        for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+        const message = 'Too many wrong codes. Wait a few minutes, then try again.'
+        return pending === undefined
+          ? send(reply, 429, layout(basePath, 'Second step', `<p><a href="${basePath}/login">Sign in again</a></p>`, message))
+          : send(reply, 429, stepPage(basePath, pending, next, undefined, message))
+      }
+      if (error.code !== 'mfa_failed') throw error
+      if (pending === undefined) {
+        return send(reply, 401, layout(basePath, 'Second step', `<p><a href="${basePath}/login">Sign in again</a></p>`, 'This sign-in has expired. Sign in again.'))
+      }
+      return await sendMfaStep(app, deps, reply, pending, next, 401,
+        pending.enrol ? 'That did not work. Scan the new code below and try again.' : 'That code was not accepted. Try again.')
+    }
+  })
+
+  app.get('/login/passkey', { schema: { hide: true } }, async (request, reply) => {
+    const next = safeNext((request.query as Record<string, unknown>).next)
+    return send(reply, 200, passkeyPage(next))
+  })
+
+  const passkeyPage = (next: string | undefined, error?: string): string => layout(basePath, 'Sign in with a passkey', `<form method="post" action="${basePath}/login/passkey">
+${hidden('next', next)}<input type="hidden" name="passkey" value="">
+<button type="button" data-passkey="passwordless" hidden>Use a passkey</button>
+</form>
+<p><a href="${basePath}/login">Sign in with a password instead</a></p>`, error)
+
+  app.post('/login/passkey', form, async (request, reply) => {
+    assertSameOrigin(request, app.config.trustedOrigins)
+    const next = safeNext(field(request.body, 'next'))
+    try {
+      const credential = parseCredential(field(request.body, 'passkey', 32_768))
+      const result = await passkeySignIn(deps, sessionContext(request), credential, relyingParty(request, app.config))
+      return await signedIn(request, reply, result, next)
+    } catch (error) {
+      if (!(error instanceof AppError) || !['invalid_credentials', 'mfa_failed', 'rate_limited'].includes(error.code)) throw error
+      for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+      return send(reply, error.status, passkeyPage(next,
+        error.code === 'rate_limited' ? 'Too many failed sign-ins. Wait a few minutes, then try again.' : 'The passkey was not accepted.'))
+    }
+  })
+
+  const accountPage = async (principal: Principal, error?: string): Promise<string> => {
+    const status = await mfaStatus(deps, principal.userId!)
+    const hasFactor = status.totp.enrolled || status.passkeys.length > 0
+    const totp = status.totp.enrolled
+      ? `<p id="totp-state">On.</p><form method="post" action="${accountPath}/totp/remove"><button type="submit" class="secondary">Remove the authenticator app</button></form>`
+      : app.config.mfaEncryptionKey !== undefined
+        ? `<p id="totp-state">Off.</p><form method="post" action="${accountPath}/totp"><button type="submit">Set up an authenticator app</button></form>`
+        : '<p id="totp-state">Not available here (the operator has not set MFA_ENCRYPTION_KEY).</p>'
+    const passkeys = status.passkeys.length === 0
+      ? '<p>None yet.</p>'
+      : `<ul id="passkeys">${status.passkeys.map(p => `<li>${escapeHtml(p.name)}</li>`).join('')}</ul>`
+    const codes = hasFactor
+      ? `<p id="recovery-state">${status.recovery_codes_remaining} of 10 left.</p><form method="post" action="${accountPath}/recovery-codes"><button type="submit" class="secondary">Make new recovery codes</button></form>`
+      : '<p>You get ten with your first second factor.</p>'
+    return layout(basePath, 'Account security', `<p>Signed in as <strong id="username">${escapeHtml(principal.user!.username)}</strong>${status.required ? '; this account must have a second factor' : ''}.</p>
+<h2>Authenticator app</h2>
+${totp}
+<h2>Passkeys</h2>
+${passkeys}
+<form method="post" action="${accountPath}/passkeys">
+<input type="hidden" name="passkey" value="">
+<label for="passkey-name">Name for a new passkey</label>
+<input id="passkey-name" name="name" maxlength="64" value="Passkey">
+<button type="button" data-passkey="register" hidden>Add a passkey</button>
+</form>
+<h2>Recovery codes</h2>
+${codes}
+<form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, error)
+  }
+
+  /** The account pages' guard: a signed-in browser, and for posts, one of our own pages. */
+  const account = async (request: FastifyRequest, reply: FastifyReply, post: boolean): Promise<Principal | undefined> => {
+    if (post) assertSameOrigin(request, app.config.trustedOrigins)
+    const principal = await pagePrincipal(deps, request)
+    if (principal === undefined) await reply.code(303).header('Location', `${basePath}/login?next=${encodeURIComponent(accountPath)}`).send()
+    return principal
+  }
+
+  /** Known refusals are shown on the account page; anything else is a real error. */
+  const orAccountPage = async (reply: FastifyReply, principal: Principal, work: () => Promise<FastifyReply>): Promise<FastifyReply> => {
+    try {
+      return await work()
+    } catch (error) {
+      if (!(error instanceof AppError) || error.status >= 500 || error.status === 401) throw error
+      for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+      return send(reply, error.status, await accountPage(principal, error.detail))
+    }
+  }
+
+  app.get('/account', { schema: { hide: true } }, async (request, reply) => {
+    const principal = await account(request, reply, false)
+    if (principal === undefined) return reply
+    return send(reply, 200, await accountPage(principal))
+  })
+
+  app.post('/account/totp', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const setup = await startTotp(deps, principal.user!)
+      return send(reply, 200, layout(basePath, 'Set up an authenticator app', `${totpBlock(setup)}<form method="post" action="${accountPath}/totp/confirm">
+<label for="code">Code from the app</label>
+<input id="code" name="code" autocomplete="one-time-code" inputmode="numeric" autofocus>
+<button type="submit">Turn on</button>
+</form>`))
+    })
+  })
+
+  app.post('/account/totp/confirm', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const result = await confirmTotp(deps, requestContext(request), principal.userId!, field(request.body, 'code', 64))
+      if (result.recoveryCodes !== undefined) return send(reply, 200, codesPage(basePath, result.recoveryCodes, accountPath))
+      return await reply.code(303).header('Location', accountPath).send()
+    })
+  })
+
+  app.post('/account/totp/remove', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      await removeTotp(deps, requestContext(request), principal.userId!)
+      return await reply.code(303).header('Location', accountPath).send()
+    })
+  })
+
+  app.post('/account/passkeys', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const json = field(request.body, 'passkey', 32_768)
+      if (json === '') throw new AppError('passkey_rejected', 422, 'The browser gave no passkey.')
+      let credential: PasskeyCredential
+      try {
+        credential = JSON.parse(json) as PasskeyCredential
+      } catch {
+        throw new AppError('passkey_rejected', 422, 'The passkey answer was not JSON.')
+      }
+      const name = field(request.body, 'name', 64).replace(/\p{Cc}/gu, '').trim() || 'Passkey'
+      const result = await finishPasskeyRegistration(deps, requestContext(request), principal.userId!, name, credential, relyingParty(request, app.config))
+      if (result.recoveryCodes !== undefined) return send(reply, 200, codesPage(basePath, result.recoveryCodes, accountPath))
+      return await reply.code(303).header('Location', accountPath).send()
+    })
+  })
+
+  app.post('/account/recovery-codes', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const codes = await regenerateRecoveryCodes(deps, requestContext(request), principal.userId!)
+      return send(reply, 200, codesPage(basePath, codes, accountPath))
+    })
+  })
+}

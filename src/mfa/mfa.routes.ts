@@ -1,0 +1,297 @@
+import type { FastifyRequest } from 'fastify'
+import type { Config } from '../config.ts'
+import type { FastifyTypeBox } from '../app.ts'
+import { requestContext } from '../auth/auth.plugin.ts'
+import { AppError } from '../errors.ts'
+import { problems, ref, SECURITY } from '../lib/openapi.ts'
+import { Session } from '../sessions/sessions.schemas.ts'
+import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
+import type { SessionsDeps } from '../sessions/sessions.service.ts'
+import {
+  ChallengeTokenBody, MfaSession, MfaStatus, MfaVerifyBody, Passkey, PasskeyAdded, PasskeyAssertionBody, PasskeyCreate, PasskeyParams, PasskeyPatch,
+  RecoveryCodeList, TotpConfirm, TotpConfirmed, TotpSetup, UserParams, WebAuthnOptions
+} from './mfa.schemas.ts'
+import {
+  completeSignIn, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, passkeySignIn, regenerateRecoveryCodes,
+  removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn, startTotp, startTotpForChallenge
+} from './mfa.service.ts'
+import type { RelyingParty } from './passkeys.service.ts'
+import { registerMfaPages } from './mfa-pages.ts'
+
+/**
+ * The relying party of a passkey ceremony: WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS
+ * when set, else the host name and origin this request reached. The browser
+ * binds a passkey to its RP id and signs the origin it ran on, so a page
+ * served elsewhere cannot use it whatever this answers.
+ */
+export function relyingParty (request: FastifyRequest, config: Pick<Config, 'webauthnRpId' | 'webauthnOrigins'>): RelyingParty {
+  return {
+    id: config.webauthnRpId ?? request.hostname,
+    origins: config.webauthnOrigins.length > 0 ? config.webauthnOrigins : [`${request.protocol}://${request.host}`]
+  }
+}
+
+/** Factors are a person's own: managed with their signed-in session, not with an API key (which could add a passkey and sign in with it). */
+export function sessionUser (request: FastifyRequest): { id: string, username: string } {
+  const principal = request.principal!
+  if (principal.type !== 'session' || principal.user === null) {
+    throw new AppError('forbidden', 403, 'Second factors are managed with a signed-in session, not an API key.')
+  }
+  return principal.user
+}
+
+const JSON_ONLY = ['application/json']
+
+export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
+  app.post('/api/login/mfa', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'complete_login',
+      summary: 'Complete Sign-in (second factor)',
+      description: 'The second step after Sign In answered 202: the challenge token with exactly one of a TOTP code, a recovery code or a ' +
+        'passkey assertion (from Passkey Options for the challenge). When the sign-in asked the user to enrol, the first code of the new ' +
+        'TOTP set-up or the new passkey\'s registration completes it, and the answer carries ten recovery codes. ' +
+        'Every failure is the same 401 `mfa_failed`; wrong codes count against the account\'s second-factor budget (429 when spent).',
+      consumes: JSON_ONLY,
+      body: ref(MfaVerifyBody),
+      response: { 200: { ...ref(MfaSession), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+    },
+    config: { accepts: JSON_ONLY }
+  }, async (request, reply) => {
+    const body = request.body
+    const result = await completeSignIn(deps, sessionContext(request), body.challenge_token, {
+      totpCode: body.totp_code, recoveryCode: body.recovery_code, passkey: body.passkey, passkeyName: body.passkey_name
+    }, relyingParty(request, app.config))
+    setSignInCookies(request, reply, result.signIn, app.config)
+    const s = result.signIn
+    return {
+      token: s.token,
+      token_type: 'Bearer' as const,
+      session_id: s.sessionId,
+      expires_at: s.expiresAt,
+      user: s.user,
+      ...(result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {})
+    }
+  })
+
+  app.post('/api/login/mfa/totp', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'start_login_totp',
+      summary: 'Set Up TOTP During Sign-in',
+      description: 'For a sign-in with `enrolment_required`: a new authenticator-app secret, as a URI and a QR code. Complete the sign-in with its first code.',
+      consumes: JSON_ONLY,
+      body: ref(ChallengeTokenBody),
+      response: { 200: { ...ref(TotpSetup), description: 'Scan it, then send a code to Complete Sign-in.' }, ...problems(401, 409, 415, 422) }
+    },
+    config: { accepts: JSON_ONLY }
+  }, async (request) => await startTotpForChallenge(deps, request.body.challenge_token))
+
+  app.post('/api/login/mfa/passkey-options', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'login_passkey_options',
+      summary: 'Passkey Options for a Sign-in Challenge',
+      description: 'WebAuthn options for the second step: `get` to sign with one of the user\'s passkeys, or `create` to register a first one when the sign-in requires enrolment.',
+      consumes: JSON_ONLY,
+      body: ref(ChallengeTokenBody),
+      response: { 200: { ...ref(WebAuthnOptions), description: 'Pass `options` to the browser\'s WebAuthn call.' }, ...problems(401, 415, 422) }
+    },
+    config: { accepts: JSON_ONLY }
+  }, async (request) => await passkeyOptionsForChallenge(deps, request.body.challenge_token, relyingParty(request, app.config)))
+
+  app.post('/api/login/passkey/options', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'passkey_login_options',
+      summary: 'Passkey Sign-in Options',
+      description: 'Starts a passwordless sign-in: WebAuthn request options for any of this site\'s passkeys (discoverable credentials), valid 5 minutes.',
+      response: { 200: { ...ref(WebAuthnOptions), description: 'Pass `options` to navigator.credentials.get().' }, ...problems(503) }
+    }
+  }, async (request) => await startPasskeySignIn(deps, relyingParty(request, app.config)))
+
+  app.post('/api/login/passkey', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'passkey_login',
+      summary: 'Sign In With a Passkey',
+      description: 'Passwordless sign-in: the assertion for Passkey Sign-in Options\' challenge. The authenticator must verify its user (PIN or biometrics), ' +
+        'so the session counts as multi-factor. Every failure is the same 401 `invalid_credentials`, throttled per address like passwords.',
+      consumes: JSON_ONLY,
+      body: ref(PasskeyAssertionBody),
+      response: { 200: { ...ref(Session), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+    },
+    config: { accepts: JSON_ONLY }
+  }, async (request, reply) => {
+    const signedIn = await passkeySignIn(deps, sessionContext(request), request.body.credential, relyingParty(request, app.config))
+    setSignInCookies(request, reply, signedIn, app.config)
+    return { token: signedIn.token, token_type: 'Bearer' as const, session_id: signedIn.sessionId, expires_at: signedIn.expiresAt, user: signedIn.user }
+  })
+
+  const own = { scope: 'signed_in' as const }
+
+  app.get('/api/me/mfa', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'get_my_mfa',
+      summary: 'My Second Factors',
+      description: 'Whether MFA_REQUIRED applies to you, your authenticator app, your passkeys and how many recovery codes are left.',
+      security: SECURITY,
+      response: { 200: { ...ref(MfaStatus), description: 'Enrolled factors and remaining recovery codes.' }, ...problems(401, 403, 503) }
+    },
+    config: own
+  }, async (request) => await mfaStatus(deps, sessionUser(request).id))
+
+  app.post('/api/me/mfa/totp', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'start_my_totp',
+      summary: 'Set Up an Authenticator App',
+      description: 'A new TOTP secret (RFC 6238, SHA-1, 6 digits, 30 s) as a URI and a server-rendered QR code; it works once confirmed with a code. ' +
+        'Answers 409 `totp_not_configured` when the deployment has no MFA_ENCRYPTION_KEY.',
+      security: SECURITY,
+      response: { 200: { ...ref(TotpSetup), description: 'Scan it, then confirm with a code.' }, ...problems(401, 403, 409, 503) }
+    },
+    config: own
+  }, async (request) => await startTotp(deps, sessionUser(request)))
+
+  app.post('/api/me/mfa/totp/confirm', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'confirm_my_totp',
+      summary: 'Confirm the Authenticator App',
+      description: 'The app\'s current code turns the set-up on. With the user\'s first factor come ten recovery codes, shown once. Wrong codes count against the second-factor budget.',
+      security: SECURITY,
+      consumes: JSON_ONLY,
+      body: ref(TotpConfirm),
+      response: { 200: { ...ref(TotpConfirmed), description: 'Enrolled.' }, ...problems(401, 403, 409, 415, 422, 429, 503) }
+    },
+    config: { ...own, accepts: JSON_ONLY }
+  }, async (request) => {
+    const result = await confirmTotp(deps, requestContext(request), sessionUser(request).id, request.body.code)
+    return result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {}
+  })
+
+  app.delete('/api/me/mfa/totp', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'remove_my_totp',
+      summary: 'Remove the Authenticator App',
+      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.',
+      security: SECURITY,
+      response: { 204: { type: 'null', description: 'Removed.' }, ...problems(401, 403, 409, 503) }
+    },
+    config: own
+  }, async (request, reply) => {
+    await removeTotp(deps, requestContext(request), sessionUser(request).id)
+    return await reply.code(204).send(null)
+  })
+
+  app.post('/api/me/mfa/recovery-codes', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'regenerate_my_recovery_codes',
+      summary: 'New Recovery Codes',
+      description: 'Ten new single-use codes; the old ones stop working.',
+      security: SECURITY,
+      response: { 200: { ...ref(RecoveryCodeList), description: 'Shown this once.' }, ...problems(401, 403, 409, 503) }
+    },
+    config: own
+  }, async (request) => ({ recovery_codes: await regenerateRecoveryCodes(deps, requestContext(request), sessionUser(request).id) }))
+
+  app.post('/api/me/passkeys/options', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'my_passkey_options',
+      summary: 'Passkey Registration Options',
+      description: 'Starts adding a passkey: WebAuthn creation options, valid 5 minutes.',
+      security: SECURITY,
+      response: { 200: { ...ref(WebAuthnOptions), description: 'Pass `options` to navigator.credentials.create().' }, ...problems(401, 403, 503) }
+    },
+    config: own
+  }, async (request) => await startPasskeyRegistration(deps, sessionUser(request), relyingParty(request, app.config)))
+
+  app.post('/api/me/passkeys', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'add_my_passkey',
+      summary: 'Add a Passkey',
+      description: 'Registers the credential the browser created for Passkey Registration Options. With the user\'s first factor come ten recovery codes.',
+      security: SECURITY,
+      consumes: JSON_ONLY,
+      body: ref(PasskeyCreate),
+      response: {
+        201: { ...ref(PasskeyAdded), description: 'Added.' },
+        ...problems(401, 403, 415, 422, 503)
+      }
+    },
+    config: { ...own, accepts: JSON_ONLY }
+  }, async (request, reply) => {
+    const user = sessionUser(request)
+    const result = await finishPasskeyRegistration(deps, requestContext(request), user.id, request.body.name, request.body.credential, relyingParty(request, app.config))
+    return await reply.code(201).send({ passkey: result.passkey, ...(result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {}) })
+  })
+
+  app.patch('/api/me/passkeys/:passkey_id', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'rename_my_passkey',
+      summary: 'Rename a Passkey',
+      description: 'Changes the name shown for one of your passkeys.',
+      security: SECURITY,
+      params: PasskeyParams,
+      consumes: JSON_ONLY,
+      body: ref(PasskeyPatch),
+      response: { 200: { ...ref(Passkey), description: 'Renamed.' }, ...problems(401, 403, 404, 415, 422, 503) }
+    },
+    config: { ...own, accepts: JSON_ONLY }
+  }, async (request) => await renameOwnPasskey(deps, requestContext(request), sessionUser(request).id, request.params.passkey_id, request.body.name))
+
+  app.delete('/api/me/passkeys/:passkey_id', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'remove_my_passkey',
+      summary: 'Remove a Passkey',
+      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.',
+      security: SECURITY,
+      params: PasskeyParams,
+      response: { 204: { type: 'null', description: 'Removed.' }, ...problems(401, 403, 404, 409, 503) }
+    },
+    config: own
+  }, async (request, reply) => {
+    await removeOwnPasskey(deps, requestContext(request), sessionUser(request).id, request.params.passkey_id)
+    return await reply.code(204).send(null)
+  })
+
+  app.get('/api/users/:user_id/mfa', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'get_user_mfa',
+      summary: 'A User\'s Second Factors',
+      description: 'For administrators: what the user has enrolled (never a secret).',
+      security: SECURITY,
+      params: UserParams,
+      response: { 200: { ...ref(MfaStatus), description: 'Enrolled factors and remaining recovery codes.' }, ...problems(401, 403, 404, 503) }
+    },
+    config: { scope: 'admin' }
+  }, async (request) => await mfaStatus(deps, request.params.user_id))
+
+  app.delete('/api/users/:user_id/mfa', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'reset_user_mfa',
+      summary: 'Reset a User\'s Second Factors',
+      description: 'For a user who lost their device: removes the authenticator app, every passkey and the recovery codes (event `user.mfa_reset`). ' +
+        'Under MFA_REQUIRED the user enrols again at the next sign-in.',
+      security: SECURITY,
+      params: UserParams,
+      response: { 204: { type: 'null', description: 'Reset.' }, ...problems(401, 403, 404, 503) }
+    },
+    config: { scope: 'admin' }
+  }, async (request, reply) => {
+    await resetFactors(deps, requestContext(request), request.params.user_id)
+    return await reply.code(204).send(null)
+  })
+
+  registerMfaPages(app, deps)
+}

@@ -1,0 +1,509 @@
+import { randomInt } from 'node:crypto'
+import { generateSecret, generateURI, verify as verifyTotp } from 'otplib'
+import QRCode from 'qrcode'
+import { toBool, toIso, type Db } from '../db/database.ts'
+import { AppError } from '../errors.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import { recordEvent } from '../events/events.service.ts'
+import { newId, nowIso } from '../lib/ids.ts'
+import { digestOf, randomSecret } from '../lib/secrets.ts'
+import type { Budget } from '../sessions/failure-counter.ts'
+import { openSession, reserveAttempt, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
+import {
+  acceptTotpStep, closeChallenge, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deleteTotp, factorCounts, findOpenSignInChallenge,
+  findTotp, insertChallenge, listPasskeys, putPendingTotp, renamePasskey, replaceRecoveryCodes, setWebauthnChallenge, spendRecoveryCode,
+  takeWebauthnChallenge
+} from './mfa.repository.ts'
+import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
+import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './passkeys.service.ts'
+import { open, seal, SecretBoxError } from './secret-box.ts'
+
+/** Distinguishes a sign-in challenge token from session tokens and API keys. */
+export const MFA_TOKEN_PREFIX = 'gatehouse_mfa_'
+/** Time from the right password to the second factor; long enough to fetch a phone. */
+const CHALLENGE_MS = 5 * 60_000
+const ISSUER = 'gatehouse'
+const RECOVERY_CODE_COUNT = 10
+/** 32 symbols without 0/o, 1/l/i: ten of them are 50 bits, read aloud or typed without mistakes. */
+const RECOVERY_ALPHABET = 'abcdefghjkmnpqrstuvwxyz23456789'
+
+type MfaDeps = SessionsDeps
+type UserRow = { id: string, username: string, role: 'admin' | 'user' }
+
+export interface MfaPending {
+  challengeToken: string
+  expiresAt: string
+  methods: MfaMethod[]
+  enrol: boolean
+}
+
+/** Whether MFA_REQUIRED applies to a user of this role. */
+export function mfaRequiredFor (config: Pick<SessionsDeps['config'], 'mfaRequired'>, role: string): boolean {
+  return config.mfaRequired === 'all' || (config.mfaRequired === 'admins' && role === 'admin')
+}
+
+/** What the user could enrol: passkeys always, TOTP when a key to keep its secret is configured. */
+function enrollable (deps: MfaDeps): MfaMethod[] {
+  return deps.config.mfaEncryptionKey !== undefined ? ['totp', 'passkey'] : ['passkey']
+}
+
+/**
+ * After a right password: the second factor the sign-in still needs, or
+ * undefined when the password is enough (no factor enrolled, none required).
+ */
+export async function secondFactorNeeded (deps: MfaDeps, user: UserRow): Promise<{ methods: MfaMethod[], enrol: boolean } | undefined> {
+  const factors = await factorCounts(deps.db, user.id)
+  const methods: MfaMethod[] = []
+  if (factors.totp) methods.push('totp')
+  if (factors.passkeys > 0) methods.push('passkey')
+  if (methods.length > 0) {
+    if (await countUnusedRecoveryCodes(deps.db, user.id) > 0) methods.push('recovery_code')
+    return { methods, enrol: false }
+  }
+  return mfaRequiredFor(deps.config, user.role) ? { methods: enrollable(deps), enrol: true } : undefined
+}
+
+/**
+ * Instead of a session: a short-lived, single-use challenge token, stored as
+ * its digest like a session's. A password hash due for an upgrade is
+ * replaced here, while the password is at hand.
+ */
+export async function openSignInChallenge (
+  deps: MfaDeps, ctx: SignInContext, user: UserRow, need: { methods: MfaMethod[], enrol: boolean }, rehash: string | undefined, now: Date
+): Promise<MfaPending> {
+  const token = randomSecret(MFA_TOKEN_PREFIX)
+  const id = newId()
+  const expiresAt = new Date(now.getTime() + CHALLENGE_MS).toISOString()
+  await deps.db.transaction().execute(async trx => {
+    if (rehash !== undefined) await trx.updateTable('users').set({ password_hash: rehash }).where('id', '=', user.id).execute()
+    await insertChallenge(trx, {
+      id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt
+    })
+    await recordEvent(trx, ctx, 'user.mfa_challenged', { type: 'user', id: user.id }, {
+      challenge_id: id, methods: need.methods, ...(need.enrol ? { enrolment_required: true } : {}), ...(rehash !== undefined ? { password_rehashed: true } : {})
+    })
+  })
+  return { challengeToken: token, expiresAt, methods: need.methods, enrol: need.enrol }
+}
+
+/** One answer to every failed second step: unknown, used or expired token, wrong code, rejected passkey. */
+function mfaFailed (): AppError {
+  return new AppError('mfa_failed', 401, 'The second factor was not accepted, or the sign-in challenge has expired or was used; sign in again if it has.')
+}
+
+/**
+ * A second factor's budgets: the account, from every address together (whoever
+ * holds the challenge knows the password already, so spreading guesses over
+ * addresses must not multiply them), and the address as for passwords.
+ */
+function secondFactorBudgets (deps: MfaDeps, userId: string, ip: string): Budget[] {
+  return [
+    { key: `mfa:${userId}`, limit: deps.config.mfaMaxFailures },
+    { key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }
+  ]
+}
+
+async function openTotpSecret (deps: MfaDeps, userId: string, sealed: string): Promise<string | undefined> {
+  const key = deps.config.mfaEncryptionKey
+  if (key === undefined) return undefined
+  try {
+    return open(key, sealed, userId)
+  } catch (error) {
+    // A key that changed makes the factor unusable until reset; the code is then simply not accepted.
+    if (error instanceof SecretBoxError) return undefined
+    throw error
+  }
+}
+
+/** The time step a code belongs to, if it is this secret's code now (±30 s) and later than `after`. */
+async function totpStep (secret: string, code: string, after: number | null): Promise<number | undefined> {
+  const token = code.replace(/\s/g, '')
+  if (!/^\d{6}$/.test(token)) return undefined
+  const result = await verifyTotp({ secret, token, epochTolerance: 30, ...(after !== null ? { afterTimeStep: after } : {}) })
+  // The functional API's result type also covers HOTP, which has no time step.
+  return result.valid && 'timeStep' in result ? result.timeStep : undefined
+}
+
+function normaliseRecoveryCode (code: string): string {
+  return code.toLowerCase().replace(/[^a-z0-9]/g, '')
+}
+
+function newRecoveryCodes (): string[] {
+  return Array.from({ length: RECOVERY_CODE_COUNT }, () => {
+    const chars = Array.from({ length: 10 }, () => RECOVERY_ALPHABET[randomInt(RECOVERY_ALPHABET.length)]!).join('')
+    return `${chars.slice(0, 5)}-${chars.slice(5)}`
+  })
+}
+
+/** Replaces the user's recovery codes with ten new ones, recorded; returns them (the only time they are seen). */
+async function issueRecoveryCodes (trx: Db, ctx: RequestContext, userId: string, at: string): Promise<string[]> {
+  const codes = newRecoveryCodes()
+  await replaceRecoveryCodes(trx, userId, codes.map(code => ({ id: newId(), digest: digestOf(normaliseRecoveryCode(code)) })), at)
+  await recordEvent(trx, ctx, 'user.recovery_codes_generated', { type: 'user', id: userId }, { count: codes.length })
+  return codes
+}
+
+export interface MfaProof {
+  totpCode?: string | undefined
+  recoveryCode?: string | undefined
+  passkey?: PasskeyCredential | undefined
+  passkeyName?: string | undefined
+}
+
+class ProofRejected extends Error {
+  constructor (readonly reason: string) { super(reason) }
+}
+
+/**
+ * The second step: the challenge token with one second factor (or, when the
+ * user must enrol, the first code of a new TOTP set-up or a new passkey).
+ * Throttled like passwords, with a budget per account for code guesses: the
+ * unit is taken before the code is checked and given back on success. The
+ * challenge is closed, the factor spent (TOTP time step, recovery code,
+ * passkey counter) and the session opened in one transaction with their
+ * events, so a code or a challenge works once even under concurrent use.
+ */
+export async function completeSignIn (
+  deps: MfaDeps, ctx: SignInContext, challengeToken: string, proof: MfaProof, rp: RelyingParty
+): Promise<{ signIn: SignIn, recoveryCodes?: string[], method: MfaMethod }> {
+  const given = [proof.totpCode, proof.recoveryCode, proof.passkey].filter(p => p !== undefined).length
+  if (given !== 1) {
+    throw new AppError('validation_failed', 422, 'Give exactly one of totp_code, recovery_code or passkey.', {
+      errors: [{ in: 'body', pointer: '', detail: 'needs exactly one of totp_code, recovery_code, passkey' }]
+    })
+  }
+  const method: MfaMethod = proof.totpCode !== undefined ? 'totp' : proof.recoveryCode !== undefined ? 'recovery_code' : 'passkey'
+  const ip = ctx.clientIp ?? 'unknown'
+  const now = new Date()
+  const at = now.toISOString()
+  const challenge = await findOpenSignInChallenge(deps.db, digestOf(challengeToken), at)
+  if (challenge === undefined || challenge.user_id === null) {
+    // No account to charge; the address pays, as for an unknown username.
+    await reserveAttempt(deps, [{ key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }])
+    await recordEvent(deps.db, ctx, 'user.mfa_failed', null, { reason: 'unknown_challenge', method })
+    throw mfaFailed()
+  }
+  const userId = challenge.user_id
+  const budgets = secondFactorBudgets(deps, userId, ip)
+  await reserveAttempt(deps, budgets)
+  const enrol = toBool(challenge.enrol)
+  let recoveryCodes: string[] | undefined
+  let signedIn: SignIn
+  try {
+    const user = await deps.db.selectFrom('users').select(['id', 'role', 'disabled', 'locked_until']).where('id', '=', userId).executeTakeFirst()
+    if (user === undefined || toBool(user.disabled)) throw new ProofRejected('disabled')
+    const locked = user.locked_until !== null && new Date(user.locked_until) > now
+    signedIn = await openSession(deps, ctx, userId, {
+      locked,
+      now,
+      mfa: method,
+      within: async (trx) => {
+        if (!await closeChallenge(trx, challenge.id, at)) throw new ProofRejected('challenge_closed')
+        if (method === 'totp') {
+          const totp = await findTotp(trx, userId)
+          const pending = totp !== undefined && totp.confirmed_at === null
+          if (totp === undefined || pending !== enrol) throw new ProofRejected(enrol ? 'totp_not_pending' : 'no_totp')
+          const secret = await openTotpSecret(deps, userId, totp.secret)
+          const step = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
+          if (step === undefined || !await acceptTotpStep(trx, userId, step, at, enrol)) throw new ProofRejected('wrong_code')
+          if (enrol) await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, { during: 'sign_in' })
+        } else if (method === 'recovery_code') {
+          if (enrol || !await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
+          await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId) })
+        } else {
+          const expected = challenge.webauthn_challenge
+          if (expected === null || challengeOf(proof.passkey) !== expected) throw new ProofRejected('passkey_rejected')
+          if (enrol) {
+            const passkey = await addPasskey(trx, userId, proof.passkey, expected, rp, proof.passkeyName ?? 'Passkey', at)
+              .catch((error: unknown) => { throw error instanceof AppError ? new ProofRejected('passkey_rejected') : error })
+            await recordEvent(trx, ctx, 'user.passkey_added', { type: 'user', id: userId }, { passkey_id: passkey.id, name: passkey.name, during: 'sign_in' })
+          } else if (await checkAssertion(trx, proof.passkey, expected, rp, userId, false, at) === undefined) {
+            throw new ProofRejected('passkey_rejected')
+          }
+        }
+        if (enrol) recoveryCodes = await issueRecoveryCodes(trx, ctx, userId, at)
+      }
+    })
+  } catch (error) {
+    if (!(error instanceof ProofRejected)) {
+      // Not a wrong guess (a database error, say): the unit goes back.
+      await deps.failures.release(budgets.map(b => b.key))
+      throw error
+    }
+    await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: userId }, { reason: error.reason, method, challenge_id: challenge.id })
+    throw mfaFailed()
+  }
+  await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
+  return { signIn: signedIn, method, ...(recoveryCodes !== undefined ? { recoveryCodes } : {}) }
+}
+
+/** The open sign-in challenge a token stands for; only for the enrolment and WebAuthn steps, which check no factor. */
+async function openChallengeOf (deps: MfaDeps, token: string) {
+  const challenge = await findOpenSignInChallenge(deps.db, digestOf(token), nowIso())
+  if (challenge === undefined || challenge.user_id === null) throw mfaFailed()
+  const user = await deps.db.selectFrom('users').select(['id', 'username', 'role', 'disabled']).where('id', '=', challenge.user_id).executeTakeFirst()
+  if (user === undefined || toBool(user.disabled)) throw mfaFailed()
+  return { challenge, user }
+}
+
+/** What an open sign-in challenge offers now (for the sign-in page to show again), or undefined when it is closed. */
+export async function describeChallenge (deps: MfaDeps, token: string): Promise<MfaPending | undefined> {
+  if (!token.startsWith(MFA_TOKEN_PREFIX)) return undefined
+  const challenge = await findOpenSignInChallenge(deps.db, digestOf(token), nowIso())
+  if (challenge === undefined || challenge.user_id === null) return undefined
+  const user = await deps.db.selectFrom('users').select(['id', 'username', 'role']).where('id', '=', challenge.user_id).executeTakeFirst()
+  if (user === undefined) return undefined
+  const expiresAt = toIso(challenge.expires_at)
+  if (toBool(challenge.enrol)) return { challengeToken: token, expiresAt, methods: enrollable(deps), enrol: true }
+  return { challengeToken: token, expiresAt, methods: (await secondFactorNeeded(deps, user))?.methods ?? [], enrol: false }
+}
+
+/** TOTP set-up during a sign-in that must enrol a factor first. */
+export async function startTotpForChallenge (deps: MfaDeps, token: string): Promise<TotpSetup> {
+  const { challenge, user } = await openChallengeOf(deps, token)
+  if (!toBool(challenge.enrol)) throw new AppError('totp_already_enrolled', 409, 'This sign-in asks for a second factor the user has; it enrols nothing.')
+  return await startTotp(deps, user)
+}
+
+/** WebAuthn options for a sign-in challenge: to register a first passkey (enrolment), or to sign with one. */
+export async function passkeyOptionsForChallenge (deps: MfaDeps, token: string, rp: RelyingParty): Promise<{ options: object, ceremony: 'create' | 'get' }> {
+  const { challenge, user } = await openChallengeOf(deps, token)
+  const enrol = toBool(challenge.enrol)
+  const options = enrol ? await registrationOptions(deps.db, user, rp) : await authenticationOptions(deps.db, user.id, rp)
+  await setWebauthnChallenge(deps.db, challenge.id, options.challenge)
+  return { options, ceremony: enrol ? 'create' : 'get' }
+}
+
+// ---------------------------------------------------------------------------
+// Self-service (a signed-in session) and administration
+
+export async function mfaStatus (deps: MfaDeps, userId: string): Promise<MfaStatus> {
+  const user = await deps.db.selectFrom('users').select(['role']).where('id', '=', userId).executeTakeFirst()
+  if (user === undefined) throw new AppError('user_not_found', 404, 'No user has this id.')
+  const totp = await findTotp(deps.db, userId)
+  return {
+    required: mfaRequiredFor(deps.config, user.role),
+    totp: { enrolled: totp?.confirmed_at != null, pending: totp !== undefined && totp.confirmed_at === null },
+    passkeys: (await listPasskeys(deps.db, userId)).map(toPasskey),
+    recovery_codes_remaining: await countUnusedRecoveryCodes(deps.db, userId)
+  }
+}
+
+/**
+ * A new TOTP secret for the user, waiting for its first code (an earlier
+ * unconfirmed one is replaced). Needs MFA_ENCRYPTION_KEY: the secret is only
+ * ever stored sealed under it.
+ */
+export async function startTotp (deps: MfaDeps, user: { id: string, username: string }): Promise<TotpSetup> {
+  const key = deps.config.mfaEncryptionKey
+  if (key === undefined) {
+    throw new AppError('totp_not_configured', 409, 'Authenticator apps (TOTP) need MFA_ENCRYPTION_KEY, which this deployment has not set; use a passkey, or ask the operator.')
+  }
+  const secret = generateSecret()
+  if (!await putPendingTotp(deps.db, user.id, seal(key, secret, user.id), nowIso())) {
+    throw new AppError('totp_already_enrolled', 409, 'An authenticator app is enrolled already; remove it first to set up another.')
+  }
+  const uri = generateURI({ issuer: ISSUER, label: user.username, secret })
+  return { secret, otpauth_uri: uri, qr_svg: await QRCode.toString(uri, { type: 'svg', errorCorrectionLevel: 'M', margin: 2 }) }
+}
+
+/**
+ * Confirms a pending TOTP set-up with a code from the app. Wrong codes are
+ * throttled on the user's second-factor budget. The user's first factor also
+ * brings ten recovery codes.
+ */
+export async function confirmTotp (deps: MfaDeps, ctx: RequestContext, userId: string, code: string): Promise<{ recoveryCodes?: string[] }> {
+  const totp = await findTotp(deps.db, userId)
+  if (totp === undefined || totp.confirmed_at !== null) throw new AppError('totp_not_pending', 409, 'There is no authenticator app set-up waiting for a code; start one first.')
+  const budgets = secondFactorBudgets(deps, userId, ctx.clientIp ?? 'unknown')
+  await reserveAttempt(deps, budgets)
+  const secret = await openTotpSecret(deps, userId, totp.secret)
+  const step = secret === undefined ? undefined : await totpStep(secret, code, null)
+  const at = nowIso()
+  const result = step === undefined
+    ? undefined
+    : await deps.db.transaction().execute(async trx => {
+      if (!await acceptTotpStep(trx, userId, step, at, true)) return undefined
+      await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, {})
+      const hadCodes = await countUnusedRecoveryCodes(trx, userId) > 0
+      return hadCodes ? {} : { recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at) }
+    })
+  if (result === undefined) {
+    await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: userId }, { reason: 'wrong_code', method: 'totp', during: 'enrolment' })
+    throw new AppError('invalid_code', 422, 'That is not the code the app shows now.', { errors: [{ in: 'body', pointer: '/code', detail: 'does not match' }] })
+  }
+  await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
+  return result
+}
+
+/** Refuses to take away a required user's last factor: they could not sign in again without an admin. */
+async function assertNotLastRequired (trx: Db, deps: MfaDeps, userId: string, removing: 'totp' | 'passkey'): Promise<void> {
+  const user = await trx.selectFrom('users').select('role').where('id', '=', userId).executeTakeFirst()
+  if (user === undefined || !mfaRequiredFor(deps.config, user.role)) return
+  const left = await factorCounts(trx, userId)
+  const remaining = (left.totp ? 1 : 0) + left.passkeys - 1
+  if (remaining < 1 && (removing === 'passkey' || left.totp)) {
+    throw new AppError('mfa_required', 409, 'This is your last second factor and this deployment requires one; enrol another first.')
+  }
+}
+
+/** With the last factor gone, recovery codes would be a factor of their own; they go too. */
+async function dropCodesIfNoFactor (trx: Db, userId: string): Promise<void> {
+  const left = await factorCounts(trx, userId)
+  if (!left.totp && left.passkeys === 0) await trx.deleteFrom('recovery_codes').where('user_id', '=', userId).execute()
+}
+
+export async function removeTotp (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<void> {
+  await deps.db.transaction().execute(async trx => {
+    await assertNotLastRequired(trx, deps, userId, 'totp')
+    if (!await deleteTotp(trx, userId)) throw new AppError('totp_not_pending', 409, 'No authenticator app is enrolled.')
+    await dropCodesIfNoFactor(trx, userId)
+    await recordEvent(trx, ctx, 'user.totp_removed', { type: 'user', id: userId }, {})
+  })
+}
+
+export async function regenerateRecoveryCodes (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<string[]> {
+  return await deps.db.transaction().execute(async trx => {
+    const factors = await factorCounts(trx, userId)
+    if (!factors.totp && factors.passkeys === 0) {
+      throw new AppError('mfa_not_enrolled', 409, 'Recovery codes stand in for a second factor; enrol an authenticator app or a passkey first.')
+    }
+    return await issueRecoveryCodes(trx, ctx, userId, nowIso())
+  })
+}
+
+/** Options to register one more passkey for a signed-in user; the challenge is remembered for CEREMONY_MS. */
+export async function startPasskeyRegistration (deps: MfaDeps, user: { id: string, username: string }, rp: RelyingParty): Promise<{ options: object, ceremony: 'create' }> {
+  const options = await registrationOptions(deps.db, user, rp)
+  const now = Date.now()
+  await insertChallenge(deps.db, {
+    id: newId(),
+    purpose: 'register',
+    digest: null,
+    user_id: user.id,
+    webauthn_challenge: options.challenge,
+    enrol: false,
+    created_at: new Date(now).toISOString(),
+    expires_at: new Date(now + CEREMONY_MS).toISOString()
+  })
+  return { options, ceremony: 'create' }
+}
+
+export async function finishPasskeyRegistration (
+  deps: MfaDeps, ctx: RequestContext, userId: string, name: string, credential: PasskeyCredential, rp: RelyingParty
+): Promise<{ passkey: Passkey, recoveryCodes?: string[] }> {
+  const challenge = challengeOf(credential)
+  const at = nowIso()
+  return await deps.db.transaction().execute(async trx => {
+    const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'register', challenge, userId, at)
+    if (ceremony === undefined) throw new AppError('passkey_rejected', 422, 'This passkey answers no registration this server started for you, or it took too long; start again.')
+    const passkey = await addPasskey(trx, userId, credential, ceremony.webauthn_challenge!, rp, name, at)
+    await recordEvent(trx, ctx, 'user.passkey_added', { type: 'user', id: userId }, { passkey_id: passkey.id, name })
+    const hadCodes = await countUnusedRecoveryCodes(trx, userId) > 0
+    return hadCodes ? { passkey } : { passkey, recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at) }
+  })
+}
+
+export async function renameOwnPasskey (deps: MfaDeps, ctx: RequestContext, userId: string, id: string, name: string): Promise<Passkey> {
+  return await deps.db.transaction().execute(async trx => {
+    const row = await renamePasskey(trx, userId, id, name)
+    if (row === undefined) throw new AppError('passkey_not_found', 404, 'You have no passkey with this id.')
+    await recordEvent(trx, ctx, 'user.passkey_renamed', { type: 'user', id: userId }, { passkey_id: id, name })
+    return toPasskey(row)
+  })
+}
+
+export async function removeOwnPasskey (deps: MfaDeps, ctx: RequestContext, userId: string, id: string): Promise<void> {
+  await deps.db.transaction().execute(async trx => {
+    const owned = await trx.selectFrom('passkeys').select('id').where('id', '=', id).where('user_id', '=', userId).executeTakeFirst()
+    if (owned === undefined) throw new AppError('passkey_not_found', 404, 'You have no passkey with this id.')
+    await assertNotLastRequired(trx, deps, userId, 'passkey')
+    await deletePasskey(trx, userId, id)
+    await dropCodesIfNoFactor(trx, userId)
+    await recordEvent(trx, ctx, 'user.passkey_removed', { type: 'user', id: userId }, { passkey_id: id })
+  })
+}
+
+/**
+ * An admin's way back in for a user who lost their factors: removes the
+ * authenticator app, every passkey and the recovery codes, and closes open
+ * sign-in challenges. Under MFA_REQUIRED the user enrols again at next sign-in.
+ */
+export async function resetFactors (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<void> {
+  await deps.db.transaction().execute(async trx => {
+    const user = await trx.selectFrom('users').select('id').where('id', '=', userId).executeTakeFirst()
+    if (user === undefined) throw new AppError('user_not_found', 404, 'No user has this id.')
+    const removed = await deleteAllFactors(trx, userId)
+    await recordEvent(trx, ctx, 'user.mfa_reset', { type: 'user', id: userId }, {
+      totp: removed.totp, passkeys: removed.passkeys, recovery_codes: removed.recoveryCodes
+    })
+  })
+}
+
+// ---------------------------------------------------------------------------
+// Passwordless sign-in with a passkey
+
+export async function startPasskeySignIn (deps: MfaDeps, rp: RelyingParty): Promise<{ options: object, ceremony: 'get' }> {
+  const options = await authenticationOptions(deps.db, null, rp)
+  const now = Date.now()
+  await insertChallenge(deps.db, {
+    id: newId(),
+    purpose: 'passkey',
+    digest: null,
+    user_id: null,
+    webauthn_challenge: options.challenge,
+    enrol: false,
+    created_at: new Date(now).toISOString(),
+    expires_at: new Date(now + CEREMONY_MS).toISOString()
+  })
+  return { options, ceremony: 'get' }
+}
+
+/**
+ * Sign-in with a passkey alone. The authenticator must have verified its
+ * user (PIN or biometrics), which makes the passkey two factors in one: the
+ * session counts as MFA. Every failure is the same 401 invalid_credentials
+ * and costs the address one unit of its sign-in budget.
+ */
+export async function passkeySignIn (deps: MfaDeps, ctx: SignInContext, credential: PasskeyCredential, rp: RelyingParty): Promise<SignIn> {
+  const addr: Budget[] = [{ key: `addr:${ctx.clientIp ?? 'unknown'}`, limit: deps.config.loginMaxFailuresPerAddress }]
+  await reserveAttempt(deps, addr)
+  const now = new Date()
+  const at = now.toISOString()
+  const challenge = challengeOf(credential)
+  let userId: string | undefined
+  try {
+    return await openSessionForPasskey()
+  } catch (error) {
+    if (!(error instanceof ProofRejected)) {
+      await deps.failures.release(addr.map(b => b.key))
+      throw error
+    }
+    await recordEvent(deps.db, ctx, 'user.login_failed', userId !== undefined ? { type: 'user', id: userId } : null, { reason: error.reason, method: 'passkey' })
+    throw new AppError('invalid_credentials', 401, 'The passkey was not accepted.')
+  }
+
+  async function openSessionForPasskey (): Promise<SignIn> {
+    const passkey = await deps.db.selectFrom('passkeys').innerJoin('users', 'users.id', 'passkeys.user_id')
+      .select(['users.id', 'users.disabled', 'users.locked_until'])
+      .where('passkeys.credential_id', '=', typeof credential.id === 'string' ? credential.id : '').executeTakeFirst()
+    if (passkey === undefined) throw new ProofRejected('unknown_passkey')
+    userId = passkey.id
+    if (toBool(passkey.disabled)) throw new ProofRejected('disabled')
+    const locked = passkey.locked_until !== null && new Date(passkey.locked_until) > now
+    const signedIn = await openSession(deps, ctx, passkey.id, {
+      locked,
+      now,
+      mfa: 'passkey',
+      passwordless: true,
+      within: async (trx) => {
+        const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'passkey', challenge, null, at)
+        if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
+        const assertion = await checkAssertion(trx, credential, ceremony.webauthn_challenge!, rp, passkey.id, true, at)
+        if (assertion === undefined) throw new ProofRejected('passkey_rejected')
+      }
+    })
+    await deps.failures.release(addr.map(b => b.key))
+    return signedIn
+  }
+}

@@ -1,0 +1,220 @@
+import { randomUUID } from 'node:crypto'
+import type { FastifyBaseLogger } from 'fastify'
+import type { Config } from '../config.ts'
+import type { Db } from '../db/database.ts'
+import { findEventsByIds } from '../events/events.repository.ts'
+import { toEvent } from '../events/events.service.ts'
+import { newId } from '../lib/ids.ts'
+import { onDeliveriesQueued } from './webhooks.outbox.ts'
+import {
+  claimDeliveries,
+  clearEndpointFailing,
+  completeDelivery,
+  findEndpoints,
+  markEndpointFailing,
+  type WebhookDeliveryRow,
+  type WebhookEndpointRow
+} from './webhooks.repository.ts'
+import { createSender, signatureHeader, type SendResult, type Sender } from './webhooks.sender.ts'
+import { disableWebhookRecorded, signingSecrets } from './webhooks.service.ts'
+
+export type WorkerSettings = Pick<Config,
+  'webhookAllowPrivate' | 'webhookTimeoutMs' | 'webhookPollIntervalMs' | 'webhookRetryHorizonMs' |
+  'webhookRetryBaseMs' | 'webhookRetryMaxDelayMs' | 'webhookSecretOverlapMs' | 'webhookConcurrency'>
+
+export interface AttemptObservation {
+  outcome: 'succeeded' | 'failed'
+  /** The HTTP request's duration. */
+  seconds: number
+  /** From the event's occurred_at to this successful attempt's end; undefined for failures. */
+  lagSeconds: number | undefined
+}
+
+/** After a wake-up finds nothing (the signalling transaction had not committed yet), look again after these delays. */
+const WAKE_RETRIES_MS = [5, 25, 100]
+
+/**
+ * The delay before retry number `attempts` (1 = after the first failure):
+ * doubling from the base, capped, with jitter so endpoints that failed
+ * together do not all come back at the same instant.
+ */
+export function retryDelayMs (attempts: number, settings: Pick<WorkerSettings, 'webhookRetryBaseMs' | 'webhookRetryMaxDelayMs'>, random = Math.random()): number {
+  const exponential = Math.min(settings.webhookRetryBaseMs * 2 ** Math.min(attempts - 1, 40), settings.webhookRetryMaxDelayMs)
+  return Math.round(exponential * (0.5 + random * 0.5))
+}
+
+/**
+ * Delivers queued webhook events: claims due deliveries (a lease, so a
+ * crashed worker's claims are taken over once they run out), sends them
+ * signed, and records each attempt. Every instance runs one; on PostgreSQL
+ * they share the queue through FOR UPDATE SKIP LOCKED.
+ */
+export class WebhookWorker {
+  readonly #db: Db
+  readonly #settings: WorkerSettings
+  readonly #log: FastifyBaseLogger
+  readonly #sender: Sender
+  /** Long enough for any request to finish (the timeout), with room for recording the result. */
+  readonly #leaseMs: number
+  readonly #observers: Array<(observation: AttemptObservation) => void> = []
+  #timer: NodeJS.Timeout | undefined
+  #running: Promise<void> | undefined
+  #stopped = true
+  #unsubscribe: (() => void) | undefined
+  #wakeRetry = WAKE_RETRIES_MS.length
+
+  constructor (db: Db, settings: WorkerSettings, log: FastifyBaseLogger, userAgent: string) {
+    this.#db = db
+    this.#settings = settings
+    this.#log = log
+    this.#leaseMs = 2 * settings.webhookTimeoutMs + 1000
+    this.#sender = createSender({ timeoutMs: settings.webhookTimeoutMs, allowPrivate: settings.webhookAllowPrivate, userAgent })
+  }
+
+  get sender (): Sender {
+    return this.#sender
+  }
+
+  onAttempt (observer: (observation: AttemptObservation) => void): void {
+    this.#observers.push(observer)
+  }
+
+  start (): void {
+    if (!this.#stopped) return
+    this.#stopped = false
+    this.#unsubscribe = onDeliveriesQueued(() => { this.#wake() })
+    this.#schedule(0)
+  }
+
+  /** Stops claiming, and waits for the deliveries in flight to be sent and recorded (bounded by the request timeout). */
+  async stop (): Promise<void> {
+    this.#stopped = true
+    this.#unsubscribe?.()
+    clearTimeout(this.#timer)
+    await this.#running
+    this.#sender.close()
+  }
+
+  #wake (): void {
+    if (this.#stopped) return
+    this.#wakeRetry = 0
+    if (this.#running === undefined) this.#schedule(0)
+  }
+
+  #schedule (delayMs: number): void {
+    clearTimeout(this.#timer)
+    if (this.#stopped) return
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined
+      this.#running = this.#cycle().finally(() => { this.#running = undefined; this.#next() })
+    }, delayMs)
+    this.#timer.unref()
+  }
+
+  #next (): void {
+    if (this.#stopped) return
+    if (this.#wakeRetry < WAKE_RETRIES_MS.length) {
+      this.#schedule(WAKE_RETRIES_MS[this.#wakeRetry++]!)
+      return
+    }
+    this.#schedule(this.#settings.webhookPollIntervalMs)
+  }
+
+  /** Claims and delivers until nothing is due (or the worker stops). */
+  async #cycle (): Promise<void> {
+    try {
+      while (!this.#stopped) {
+        const limit = this.#settings.webhookConcurrency
+        const now = Date.now()
+        const claimed = await claimDeliveries(this.#db, {
+          now: new Date(now).toISOString(),
+          leaseUntil: new Date(now + this.#leaseMs).toISOString(),
+          token: randomUUID(),
+          limit
+        })
+        if (claimed.length === 0) return
+        // Something was due: the wake-up did its job.
+        this.#wakeRetry = WAKE_RETRIES_MS.length
+        await this.#deliverAll(claimed)
+        if (claimed.length < limit) return
+      }
+    } catch (err) {
+      this.#log.warn({ err }, 'webhook delivery cycle failed; will try again')
+    }
+  }
+
+  async #deliverAll (claimed: WebhookDeliveryRow[]): Promise<void> {
+    const [endpoints, events] = await Promise.all([
+      findEndpoints(this.#db, [...new Set(claimed.map(d => d.endpoint_id))]),
+      findEventsByIds(this.#db, [...new Set(claimed.map(d => d.event_id))])
+    ])
+    const endpointById = new Map(endpoints.map(e => [e.id, e]))
+    const bodyById = new Map(events.map(e => [e.id, { body: JSON.stringify(toEvent(e)), occurredAt: new Date(e.occurred_at).getTime() }]))
+    await Promise.all(claimed.map(async delivery => {
+      try {
+        await this.#deliver(delivery, endpointById.get(delivery.endpoint_id), bodyById.get(delivery.event_id))
+      } catch (err) {
+        // Left claimed: the lease runs out and the delivery is tried again.
+        this.#log.warn({ err, endpoint: delivery.endpoint_id, event: delivery.event_id }, 'could not record a webhook attempt')
+      }
+    }))
+  }
+
+  async #deliver (delivery: WebhookDeliveryRow, endpoint: WebhookEndpointRow | undefined, event: { body: string, occurredAt: number } | undefined): Promise<void> {
+    if (endpoint === undefined) return // deleted meanwhile; its deliveries went with it
+    let result: SendResult
+    const at = new Date()
+    if (event === undefined) {
+      result = { ok: false, statusCode: null, latencyMs: 0, error: 'the event is not in the event log' }
+    } else {
+      result = await this.#sender.send(endpoint.url, {
+        'webhook-id': delivery.event_id,
+        'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
+        'webhook-signature': signatureHeader(signingSecrets(endpoint, at.getTime()), delivery.event_id, at, event.body)
+      }, event.body)
+    }
+    const done = Date.now()
+    const token = delivery.lock_token!
+    const gone = result.statusCode === 410
+    const giveUpAt = delivery.give_up_at !== null
+      ? new Date(delivery.give_up_at).getTime()
+      : new Date(delivery.created_at).getTime() + this.#settings.webhookRetryHorizonMs
+    const status = result.ok ? 'delivered' : !gone && done >= giveUpAt ? 'failed' : 'pending'
+    // 410: the endpoint is disabled now; the delivery waits, due at once, in case it is enabled again.
+    const nextAttemptAt = new Date(result.ok || gone ? done : done + retryDelayMs(delivery.attempts + 1, this.#settings)).toISOString()
+
+    await this.#db.transaction().execute(async trx => {
+      const ours = await completeDelivery(trx, delivery, token, {
+        attemptId: newId(),
+        at: at.toISOString(),
+        succeeded: result.ok,
+        statusCode: result.statusCode,
+        latencyMs: result.latencyMs,
+        error: result.error,
+        status,
+        nextAttemptAt
+      })
+      if (!ours) return
+      if (result.ok) {
+        await clearEndpointFailing(trx, endpoint.id)
+        return
+      }
+      if (gone) {
+        await disableWebhookRecorded(trx, endpoint.id, 'gone', { status_code: 410 })
+        return
+      }
+      // Failing since the oldest event it has not taken: so a delivery given up means the endpoint failed for the whole horizon.
+      const failingSince = await markEndpointFailing(trx, endpoint.id, new Date(delivery.created_at).toISOString())
+      if (failingSince !== null && done - new Date(failingSince).getTime() >= this.#settings.webhookRetryHorizonMs) {
+        await disableWebhookRecorded(trx, endpoint.id, 'failing', { failing_since: failingSince })
+      }
+    })
+    for (const observe of this.#observers) {
+      observe({
+        outcome: result.ok ? 'succeeded' : 'failed',
+        seconds: result.latencyMs / 1000,
+        lagSeconds: result.ok && event !== undefined ? (done - event.occurredAt) / 1000 : undefined
+      })
+    }
+  }
+}

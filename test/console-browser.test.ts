@@ -1,0 +1,197 @@
+import { strict as assert } from 'node:assert'
+import { existsSync } from 'node:fs'
+import { mkdir } from 'node:fs/promises'
+import type { AddressInfo } from 'node:net'
+import { test } from 'node:test'
+import { AxeBuilder } from '@axe-core/playwright'
+import type { Page } from 'playwright-core'
+import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+
+/** Screenshots of every page at both widths, for people to look at (gitignored). */
+const ARTIFACTS = new URL('./artifacts/', import.meta.url)
+const WIDTHS = [[1280, 800], [360, 740]] as const
+
+/**
+ * Checks a page the way a person and a screen reader meet it: no serious or
+ * critical axe violation, nothing refused by the Content-Security-Policy,
+ * nothing wider than the window at a desktop or a phone width, and a
+ * screenshot at each.
+ */
+async function inspect (page: Page, name: string, dialect: string, cspErrors: string[]): Promise<void> {
+  const results = await new AxeBuilder({ page }).analyze()
+  const bad = results.violations.filter(v => v.impact === 'serious' || v.impact === 'critical')
+  assert.deepEqual(bad.map(v => `${v.id}: ${v.help} (${v.nodes.map(n => n.target.join(' ')).join(', ')})`), [], name)
+  for (const [width, height] of WIDTHS) {
+    await page.setViewportSize({ width, height })
+    // Nothing may stick out sideways at phone width except inside the scrollable table regions.
+    const overflow = await page.evaluate('document.documentElement.scrollWidth - document.documentElement.clientWidth') as number
+    assert.ok(overflow <= 0, `${name} at ${width} px scrolls sideways by ${overflow} px`)
+    await page.screenshot({ path: new URL(`console-${dialect}-${name}-${width}.png`, ARTIFACTS).pathname, fullPage: true })
+  }
+  await page.setViewportSize({ width: 1280, height: 800 })
+  assert.deepEqual(cspErrors, [], `${name}: the Content-Security-Policy refused something`)
+}
+
+for (const dialect of dialects()) {
+  test(`admin console in Chromium: the seed's workflows, keys, a conflict, a refusal, accessibility (${dialect.name})`, { timeout: 180_000 }, async (t) => {
+    if (!existsSync(CHROMIUM)) {
+      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
+      return
+    }
+    await mkdir(ARTIFACTS, { recursive: true })
+    const { app, adminKey } = await createTestApp(dialect)
+    let browser: Browser | undefined
+    try {
+      await app.listen({ host: '127.0.0.1', port: 0 })
+      const { port } = app.server.address() as AddressInfo
+      const origin = `http://127.0.0.1:${port}`
+      const api = async (path: string, init: RequestInit = {}): Promise<Response> =>
+        await fetch(`${origin}/auth/api${path}`, { ...init, headers: { ...auth(adminKey), 'content-type': 'application/json', ...init.headers } })
+      const adminName = uniqueName('boss')
+      const plainName = uniqueName('plain')
+      for (const [username, role] of [[adminName, 'admin'], [plainName, 'user']]) {
+        const res = await api('/users', { method: 'POST', body: JSON.stringify({ username, role, password: GOOD_PASSWORD }) })
+        assert.equal(res.status, 201, await res.text())
+      }
+
+      browser = await launchChromium()
+      await browser.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin })
+      const page = browser.page
+      const cspErrors: string[] = []
+      const foreign: string[] = []
+      page.on('console', (message) => { if (/Content.Security.Policy/i.test(message.text())) cspErrors.push(message.text()) })
+      page.on('request', (request) => { if (!request.url().startsWith(origin)) foreign.push(request.url()) })
+      const check = async (name: string): Promise<void> => { await inspect(page, name, dialect.name, cspErrors) }
+
+      // Sign in through the ordinary sign-in page, which sends the browser on to the console.
+      await page.goto(`${origin}/auth/admin`)
+      assert.match(page.url(), /\/auth\/login\?next=%2Fauth%2Fadmin$/)
+      await page.getByLabel('Username or email').fill(adminName)
+      await page.getByLabel('Password').fill(GOOD_PASSWORD)
+      await page.getByRole('button', { name: 'Sign in' }).click()
+      await page.waitForURL(`${origin}/auth/admin/users`)
+      await check('users')
+
+      // The keyboard reaches the content first through the skip link.
+      await page.keyboard.press('Tab')
+      assert.equal(await page.evaluate('document.activeElement.textContent'), 'Skip to content')
+
+      // Workflow 1: create a user.
+      const username = uniqueName('ada')
+      await page.getByRole('link', { name: 'Create user' }).click()
+      await check('new-user')
+      await page.getByLabel('Username').fill('not valid!')
+      await page.getByRole('button', { name: 'Create user' }).click()
+      await page.locator('#form-errors').waitFor()
+      await check('new-user-errors')
+      await page.getByLabel('Username').fill(username)
+      await page.getByLabel('Email').fill(`${username}@example.com`)
+      await page.getByLabel('First name').fill('Ada')
+      await page.getByLabel('Last name').fill('Lovelace')
+      await page.getByLabel('Groups').fill('analysts')
+      await page.getByLabel('Password').fill(GOOD_PASSWORD)
+      // Submitted from the keyboard.
+      await page.getByLabel('Password').press('Enter')
+      await page.waitForURL(/\/auth\/admin\/users\/[0-9a-f-]{36}\?done=created$/)
+      assert.equal(await page.getByRole('status').innerText(), 'User created.')
+      assert.match(await page.locator('pre.command').first().innerText(), new RegExp(`npx gatehouse db-user create ${username}`))
+      await check('user-created')
+
+      // Workflow 2: find them in the list.
+      await page.getByRole('navigation', { name: 'Console' }).getByRole('link', { name: 'Users' }).click()
+      await page.getByLabel('Search').fill('lovelace')
+      await page.getByRole('button', { name: 'Apply' }).click()
+      await page.waitForURL(/q=lovelace/)
+      const rows = page.locator('tbody tr')
+      assert.equal(await rows.count(), 1)
+      assert.equal(await rows.first().locator('td').first().innerText(), username)
+      const id = (await rows.first().locator('td.id').innerText()).trim()
+      assert.match(id, /^[0-9a-f-]{36}$/)
+      await check('users-search')
+
+      // Workflow 3: delete them by the id the list shows.
+      await page.goto(`${origin}/auth/admin/users/${id}`)
+      await check('user')
+      await page.getByRole('link', { name: 'Delete…' }).click()
+      assert.equal(await page.getByRole('heading', { level: 1 }).innerText(), `Delete ${username}?`)
+      await check('delete-confirm')
+      await page.getByRole('button', { name: `Delete ${username}` }).click()
+      await page.waitForURL(/done=deleted/)
+      assert.match(await page.getByRole('status').innerText(), new RegExp(`Deleted ${username}`))
+      await check('user-deleted')
+      assert.equal((await api(`/users/${id}`)).status, 404)
+
+      // A conflict on concurrent edit: both versions are shown, nothing is overwritten.
+      const other = await (await api('/users', { method: 'POST', body: JSON.stringify({ username: uniqueName('grace'), first_name: 'Grace' }) })).json() as { id: string }
+      await page.goto(`${origin}/auth/admin/users/${other.id}`)
+      await page.getByLabel('First name').fill('Amazing Grace')
+      const patched = await api(`/users/${other.id}`, { method: 'PATCH', body: JSON.stringify({ last_name: 'Hopper' }) })
+      assert.equal(patched.status, 200)
+      await page.getByRole('button', { name: 'Save changes' }).click()
+      await page.getByRole('heading', { name: /was changed by someone else/ }).waitFor()
+      const firstName = page.locator('tr', { has: page.getByRole('rowheader', { name: 'First name' }) })
+      assert.deepEqual(await firstName.locator('td').allInnerTexts(), ['Grace', 'Amazing Grace', 'Grace', 'you changed'])
+      const lastName = page.locator('tr', { has: page.getByRole('rowheader', { name: 'Last name' }) })
+      assert.deepEqual(await lastName.locator('td').allInnerTexts(), ['—', '—', 'Hopper', 'they changed'])
+      await check('conflict')
+      assert.equal((await (await api(`/users/${other.id}`)).json() as { first_name: string }).first_name, 'Grace')
+      await page.getByRole('button', { name: 'Apply my changes to the current version' }).click()
+      await page.waitForURL(/done=saved/)
+      assert.deepEqual(await (await api(`/users/${other.id}`)).json().then(u => [(u as { first_name: string }).first_name, (u as { last_name: string }).last_name]), ['Amazing Grace', 'Hopper'])
+
+      // API keys: create (secret once, copy button), revoke after a confirmation dialog.
+      await page.getByRole('link', { name: 'API keys' }).click()
+      await check('api-keys')
+      await page.getByLabel('Name').fill('nightly export')
+      await page.getByLabel(/users:read/).check()
+      await page.getByRole('button', { name: 'Create key' }).click()
+      await page.getByRole('heading', { name: 'Key created: nightly export' }).waitFor()
+      const secret = (await page.locator('#secret').innerText()).trim()
+      assert.match(secret, /^gatehouse_[A-Za-z0-9]+$/)
+      await page.getByRole('button', { name: 'Copy' }).click()
+      await page.getByRole('button', { name: 'Copied' }).waitFor()
+      assert.equal(await page.evaluate('navigator.clipboard.readText()'), secret)
+      await check('key-secret')
+      const withKey = await fetch(`${origin}/auth/api/users?limit=1`, { headers: auth(secret) })
+      assert.equal(withKey.status, 200)
+
+      await page.getByRole('link', { name: 'Back to the keys' }).click()
+      await page.getByRole('button', { name: 'Revoke nightly export' }).click()
+      const dialog = page.getByRole('dialog')
+      await dialog.waitFor()
+      assert.match(await dialog.innerText(), /Revoke “nightly export”\? It stops working at once\./)
+      await check('revoke-dialog')
+      await dialog.getByRole('button', { name: 'Revoke' }).click()
+      await page.waitForURL(/done=revoked/)
+      assert.equal(await page.getByRole('status').innerText(), 'Key revoked.')
+      assert.equal((await fetch(`${origin}/auth/api/users?limit=1`, { headers: auth(secret) })).status, 401)
+
+      // Events: the timeline, filtered by type.
+      await page.getByRole('link', { name: 'Events' }).click()
+      await page.getByLabel('Type').selectOption('api_key.revoked')
+      await page.getByRole('button', { name: 'Apply' }).click()
+      await page.waitForURL(/type=api_key.revoked/)
+      assert.equal(await page.locator('tbody tr').count(), 1)
+      await check('events')
+
+      // A non-admin is refused with a page that says so.
+      await page.getByRole('button', { name: 'Sign out' }).click()
+      await page.waitForURL(/\/auth\/login/)
+      await page.goto(`${origin}/auth/login?next=/auth/admin`)
+      await page.getByLabel('Username or email').fill(plainName)
+      await page.getByLabel('Password').fill(GOOD_PASSWORD)
+      const refused = page.waitForResponse(res => /\/auth\/admin(\/users)?$/.test(res.url()))
+      await page.getByRole('button', { name: 'Sign in' }).click()
+      assert.equal((await refused).status(), 403)
+      assert.equal(await page.getByRole('heading', { level: 1 }).innerText(), 'Admins only')
+      assert.match(await page.getByRole('alert').innerText(), new RegExp(`signed in as ${plainName}`))
+      await check('not-admin')
+
+      assert.deepEqual(foreign, [], 'every request went to this server')
+    } finally {
+      await browser?.close()
+      await app.close()
+    }
+  })
+}

@@ -1,0 +1,367 @@
+import { strict as assert } from 'node:assert'
+import { before, describe, it } from 'node:test'
+import type { LightMyRequestResponse } from 'fastify'
+import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+
+const ORIGIN = 'http://localhost:80'
+const FORM = 'application/x-www-form-urlencoded'
+
+interface Person { id: string, username: string, cookie: string }
+
+async function createUser (t: TestApp, fields: Record<string, unknown>): Promise<{ id: string, username: string }> {
+  const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { password: GOOD_PASSWORD, ...fields } })
+  assert.equal(res.statusCode, 201, res.body)
+  return res.json()
+}
+
+async function signIn (t: TestApp, username: string, remoteAddress = '127.0.0.1'): Promise<string> {
+  const res = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD }, remoteAddress })
+  assert.equal(res.statusCode, 200, res.body)
+  return `gatehouse_session=${(res.json() as { token: string }).token}`
+}
+
+async function person (t: TestApp, role: 'admin' | 'user'): Promise<Person> {
+  const user = await createUser(t, { username: uniqueName(role), role })
+  return { ...user, cookie: await signIn(t, user.username) }
+}
+
+function form (fields: Record<string, string | string[]>): string {
+  const body = new URLSearchParams()
+  for (const [name, value] of Object.entries(fields)) for (const v of [value].flat()) body.append(name, v)
+  return body.toString()
+}
+
+async function post (t: TestApp, cookie: string, url: string, fields: Record<string, string | string[]>, headers: Record<string, string> = { origin: ORIGIN }): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ method: 'POST', url, headers: { cookie, 'content-type': FORM, ...headers }, payload: form(fields) })
+}
+
+async function get (t: TestApp, cookie: string, url: string): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ url, headers: { cookie } })
+}
+
+async function eventsOf (t: TestApp, query: string): Promise<Array<{ type: string, data: Record<string, unknown> }>> {
+  const res = await t.app.inject({ url: `/auth/api/events?${query}`, headers: auth(t.adminKey) })
+  assert.equal(res.statusCode, 200, res.body)
+  return res.json()
+}
+
+for (const dialect of dialects()) {
+  describe(`admin console over HTTP (${dialect.name})`, () => {
+    // No known clients: every sign-in attempt here counts toward the lock.
+    const t = useTestApp(dialect, { accountLockThreshold: 2, loginKnownClientDays: 0 })
+    let admin: Person
+    let plain: Person
+    before(async () => {
+      admin = await person(t, 'admin')
+      plain = await person(t, 'user')
+    })
+
+    it('sends a visitor without a session to the sign-in page, with the way back', async () => {
+      const res = await t.app.inject({ url: '/auth/admin/users?q=ada' })
+      assert.equal(res.statusCode, 303)
+      assert.equal(res.headers.location, '/auth/login?next=%2Fauth%2Fadmin%2Fusers%3Fq%3Dada')
+    })
+
+    it('answers an unknown console address and an unknown user with a 404 page', async () => {
+      for (const url of ['/auth/admin/nothing/here', '/auth/admin/users/00000000-0000-7000-8000-000000000000']) {
+        const res = await get(t, admin.cookie, url)
+        assert.equal(res.statusCode, 404, url)
+        assert.match(String(res.headers['content-type']), /^text\/html/)
+        assert.match(res.body, /<h1>Not found<\/h1>/)
+      }
+      const bad = await get(t, admin.cookie, '/auth/admin/users/not-a-uuid')
+      assert.equal(bad.statusCode, 422)
+      assert.match(String(bad.headers['content-type']), /^text\/html/)
+    })
+
+    it('ignores API keys: the console is for the browser session only', async () => {
+      const res = await t.app.inject({ url: '/auth/admin/users', headers: auth(t.adminKey) })
+      assert.equal(res.statusCode, 303)
+    })
+
+    it('refuses a signed-in non-admin with a 403 page that says why, for pages and for form posts', async () => {
+      const page = await get(t, plain.cookie, '/auth/admin/users')
+      assert.equal(page.statusCode, 403)
+      assert.match(String(page.headers['content-type']), /^text\/html/)
+      assert.match(page.body, /Admins only/)
+      assert.match(page.body, new RegExp(`signed in as <strong>${plain.username}</strong>`))
+      assert.doesNotMatch(page.body, new RegExp(admin.username), 'no user data on the refusal')
+      const victim = await createUser(t, { username: uniqueName('victim') })
+      const res = await post(t, plain.cookie, `/auth/admin/users/${victim.id}/disable`, {})
+      assert.equal(res.statusCode, 403)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${victim.id}`, headers: auth(t.adminKey) })).json().disabled, false)
+    })
+
+    it('refuses a form post from another site (CSRF) and creates nothing', async () => {
+      const username = uniqueName('csrf')
+      for (const headers of [{ origin: 'https://evil.example' }, {}, { origin: 'null' }, { 'sec-fetch-site': 'cross-site' }] as Array<Record<string, string>>) {
+        const res = await post(t, admin.cookie, '/auth/admin/users', { username }, headers)
+        assert.equal(res.statusCode, 403, JSON.stringify(headers))
+        assert.match(res.body, /own pages/)
+      }
+      const found = await t.app.inject({ url: `/auth/api/users?username=${username}`, headers: auth(t.adminKey) })
+      assert.deepEqual(found.json(), [])
+      const ok = await post(t, admin.cookie, '/auth/admin/users', { username }, { 'sec-fetch-site': 'same-origin' })
+      assert.equal(ok.statusCode, 303, ok.body)
+    })
+
+    it('serves pages with a strict Content-Security-Policy and only local assets', async () => {
+      const res = await get(t, admin.cookie, '/auth/admin/users')
+      assert.equal(res.statusCode, 200)
+      const csp = String(res.headers['content-security-policy'])
+      assert.match(csp, /default-src 'none'/)
+      assert.match(csp, /script-src 'self'/)
+      assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval|https?:/)
+      assert.equal(res.headers['x-frame-options'], 'DENY')
+      assert.doesNotMatch(res.body, /<script>|<style>| style="| on[a-z]+="/, 'no inline script, style or handler')
+      for (const src of res.body.matchAll(/(?:src|href)="([^"]+)"/g)) {
+        assert.ok(src[1]!.startsWith('/auth/') || src[1]!.startsWith('#'), `local link: ${src[1]!}`)
+      }
+      const css = await t.app.inject({ url: '/auth/admin/assets/console.css' })
+      assert.equal(css.statusCode, 200)
+      assert.match(String(css.headers['content-type']), /^text\/css/)
+    })
+
+    it('escapes user-supplied text everywhere it is shown', async () => {
+      const evil = '<img src=x onerror=alert(1)>"\'&'
+      const user = await createUser(t, { username: uniqueName('esc'), first_name: evil, last_name: '</td><script>alert(2)</script>', groups: ['<b>g</b>'] })
+      const pages = [
+        `/auth/admin/users?q=${encodeURIComponent(user.username)}`,
+        `/auth/admin/users/${user.id}`,
+        `/auth/admin/users/${user.id}/delete`,
+        `/auth/admin/events?target_id=${user.id}`,
+        `/auth/admin/users?q=${encodeURIComponent(evil)}&group=${encodeURIComponent('"><script>alert(3)</script>')}`
+      ]
+      for (const url of pages) {
+        const res = await get(t, admin.cookie, url)
+        assert.equal(res.statusCode, 200, `${url}: ${res.body}`)
+        assert.doesNotMatch(res.body, /<img|<script>|<b>g/, url)
+      }
+      const detail = await get(t, admin.cookie, `/auth/admin/users/${user.id}`)
+      assert.match(detail.body, /&#60;img src=x onerror=alert\(1\)&#62;&#34;&#39;&#38;/)
+    })
+
+    it('creates a user from the form, with or without a password, and shows the database-user command', async () => {
+      const withPassword = uniqueName('made')
+      const res = await post(t, admin.cookie, '/auth/admin/users', { username: withPassword, email: `${withPassword}@example.com`, groups: 'analysts, ops', role: 'user', password: GOOD_PASSWORD })
+      assert.equal(res.statusCode, 303, res.body)
+      const id = /\/auth\/admin\/users\/([0-9a-f-]{36})\?done=created$/.exec(String(res.headers.location))?.[1]
+      assert.ok(id !== undefined, String(res.headers.location))
+      const stored = (await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual(stored.groups, ['analysts', 'ops'])
+      assert.notEqual(stored.password_changed_at, null)
+      await signIn(t, withPassword)
+      const page = await get(t, admin.cookie, String(res.headers.location))
+      assert.match(page.body, new RegExp(`npx gatehouse db-user create ${withPassword}`))
+
+      const without = uniqueName('nopw')
+      const res2 = await post(t, admin.cookie, '/auth/admin/users', { username: without, role: 'user' })
+      assert.equal(res2.statusCode, 303, res2.body)
+      const [made] = (await t.app.inject({ url: `/auth/api/users?username=${without}`, headers: auth(t.adminKey) })).json()
+      assert.equal(made.password_changed_at, null)
+    })
+
+    it('shows what is wrong with a form next to the field, and keeps what was typed', async () => {
+      const res = await post(t, admin.cookie, '/auth/admin/users', { username: 'no spaces', email: 'not-an-address', first_name: 'Kept', password: 'short' })
+      assert.equal(res.statusCode, 422)
+      assert.match(res.body, /id="username"[^>]*aria-invalid="true"/)
+      assert.match(res.body, /id="email"[^>]*aria-invalid="true"/)
+      assert.match(res.body, /value="Kept"/)
+      assert.doesNotMatch(res.body, /value="short"/, 'a typed password is never sent back')
+      const taken = await post(t, admin.cookie, '/auth/admin/users', { username: admin.username.toUpperCase() })
+      assert.equal(taken.statusCode, 409)
+      assert.match(taken.body, /already exists/)
+    })
+
+    it('finds users by search, role, group and status, pages through them with keyset links, and sorts', async () => {
+      const stem = uniqueName('page').replace(/[^a-z0-9]/g, '')
+      const users = Array.from({ length: 60 }, (_, i) => ({ username: `${stem}_${String(i).padStart(2, '0')}`, groups: [stem], disabled: i % 10 === 0 }))
+      const imported = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users } })
+      assert.equal(imported.statusCode, 200, imported.body)
+      const rowsOf = (body: string): string[] => [...body.matchAll(/<td data-label="Username"><a href="\/auth\/admin\/users\/[0-9a-f-]{36}">([^<]+)<\/a><\/td>/g)].map(m => m[1]!)
+
+      const first = await get(t, admin.cookie, `/auth/admin/users?q=${stem}&sort=username`)
+      assert.equal(rowsOf(first.body).length, 50)
+      assert.equal(rowsOf(first.body)[0], `${stem}_00`)
+      const next = /href="([^"]+)" rel="next"/.exec(first.body)?.[1]?.replace(/&#38;/g, '&')
+      assert.ok(next !== undefined)
+      const second = await get(t, admin.cookie, next)
+      assert.deepEqual(rowsOf(second.body), users.slice(50).map(u => u.username))
+      assert.doesNotMatch(second.body, /rel="next"/)
+
+      const disabled = await get(t, admin.cookie, `/auth/admin/users?group=${stem}&disabled=true&sort=-username&role=`)
+      assert.deepEqual(rowsOf(disabled.body), ['50', '40', '30', '20', '10', '00'].map(n => `${stem}_${n}`))
+      const admins = await get(t, admin.cookie, '/auth/admin/users?role=admin')
+      assert.ok(rowsOf(admins.body).includes(admin.username))
+      assert.ok(!rowsOf(admins.body).includes(plain.username))
+      const bad = await get(t, admin.cookie, '/auth/admin/users?sort=password')
+      assert.equal(bad.statusCode, 422)
+      assert.match(bad.body, /filters are not valid/)
+    })
+
+    it('edits a user with the version it read, and shows a conflict instead of overwriting a concurrent change', async () => {
+      const user = await createUser(t, { username: uniqueName('edit'), first_name: 'Ada' })
+      const page = await get(t, admin.cookie, `/auth/admin/users/${user.id}`)
+      const version = /name="version" value="(\d+)"/.exec(page.body)?.[1]
+      assert.equal(version, '1')
+      // Someone else changes the user after the page was read.
+      const other = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { last_name: 'Byron' } })
+      assert.equal(other.statusCode, 200)
+      const opened = { was_username: user.username, was_email: '', was_first_name: 'Ada', was_last_name: '', was_role: 'user', was_groups: '', was_disabled: 'false' }
+      const res = await post(t, admin.cookie, `/auth/admin/users/${user.id}`, { ...opened, version: version!, username: user.username, first_name: 'Augusta', role: 'user', groups: '' })
+      assert.equal(res.statusCode, 409)
+      assert.match(res.body, /was changed by someone else/)
+      const table = res.body.replace(/ data-label="[^"]*"/g, '')
+      assert.match(table, /<th scope="row">First name<\/th><td>Ada<\/td><td>Augusta<\/td><td>Ada<\/td><td>you changed<\/td>/, 'every version of first name')
+      assert.match(table, /<th scope="row">Last name<\/th><td>—<\/td><td>—<\/td><td>Byron<\/td><td>they changed<\/td>/, 'every version of last name')
+      const after = (await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).json()
+      assert.equal(after.first_name, 'Ada', 'nothing was overwritten')
+      assert.equal(after.last_name, 'Byron')
+      // "Apply my changes" posts the conflict page's form: my change on top of the current version.
+      const applied = Object.fromEntries([...res.body.matchAll(/<input type="hidden" name="([a-z_]+)" value="([^"]*)">/g)].map(m => [m[1]!, m[2]!]))
+      assert.equal(applied.version, '2')
+      assert.equal(applied.first_name, 'Augusta')
+      assert.equal(applied.last_name, 'Byron')
+      const saved = await post(t, admin.cookie, `/auth/admin/users/${user.id}`, applied)
+      assert.equal(saved.statusCode, 303, saved.body)
+      const merged = (await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual([merged.first_name, merged.last_name], ['Augusta', 'Byron'])
+      const missing = await post(t, admin.cookie, `/auth/admin/users/${user.id}`, { username: user.username, role: 'user' })
+      assert.equal(missing.statusCode, 422, 'an edit without the version it read is refused')
+    })
+
+    it('explains the last-admin rule when it blocks disabling, demoting or deleting', async () => {
+      // A fresh deployment's only admin is `admin` (the bootstrap key has no user): make it the last one.
+      const others = (await t.app.inject({ url: '/auth/api/users?role=admin&disabled=false', headers: auth(t.adminKey) })).json() as Array<{ id: string }>
+      assert.deepEqual(others.map(u => u.id), [admin.id])
+      const page = await get(t, admin.cookie, `/auth/admin/users/${admin.id}`)
+      assert.match(page.body, /The last enabled admin/)
+      for (const res of [
+        await post(t, admin.cookie, `/auth/admin/users/${admin.id}/disable`, {}),
+        await post(t, admin.cookie, `/auth/admin/users/${admin.id}`, { version: /name="version" value="(\d+)"/.exec(page.body)![1]!, username: admin.username, role: 'user', groups: '' }),
+        await post(t, admin.cookie, `/auth/admin/users/${admin.id}/delete`, { version: /name="version" value="(\d+)"/.exec(page.body)![1]! })
+      ]) {
+        assert.equal(res.statusCode, 409, res.body)
+        assert.match(res.body, /is the last enabled admin\. gatehouse always keeps at least one enabled admin/)
+        assert.match(res.body, /Make another user an admin first/)
+      }
+      const still = (await t.app.inject({ url: `/auth/api/users/${admin.id}`, headers: auth(t.adminKey) })).json()
+      assert.equal(still.role, 'admin')
+      assert.equal(still.disabled, false)
+    })
+
+    it('disables and enables a user, ends their sessions, and deletes them after a confirmation naming them', async () => {
+      const user = await createUser(t, { username: uniqueName('life') })
+      const session = await signIn(t, user.username)
+      const me = async (): Promise<number> => (await t.app.inject({ url: '/auth/api/me', headers: { cookie: session } })).statusCode
+      assert.equal(await me(), 200)
+      assert.equal((await post(t, admin.cookie, `/auth/admin/users/${user.id}/end-sessions`, {})).headers.location, `/auth/admin/users/${user.id}?done=sessions-ended`)
+      assert.equal(await me(), 401)
+      const ended = await eventsOf(t, `type=session.ended&actor_id=${admin.id}`)
+      assert.ok(ended.some(e => e.data.user_id === user.id && e.data.reason === 'ended_by_admin'))
+
+      assert.equal((await post(t, admin.cookie, `/auth/admin/users/${user.id}/disable`, {})).statusCode, 303)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).json().disabled, true)
+      assert.equal((await post(t, admin.cookie, `/auth/admin/users/${user.id}/enable`, {})).statusCode, 303)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).json().disabled, false)
+
+      const confirm = await get(t, admin.cookie, `/auth/admin/users/${user.id}/delete`)
+      assert.match(confirm.body, new RegExp(`Delete ${user.username}\\?`))
+      assert.match(confirm.body, new RegExp(user.id))
+      const version = /name="version" value="(\d+)"/.exec(confirm.body)![1]!
+      const res = await post(t, admin.cookie, `/auth/admin/users/${user.id}/delete`, { version })
+      assert.equal(res.statusCode, 303)
+      assert.equal(res.headers.location, `/auth/admin/users?done=deleted&username=${user.username}`)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).statusCode, 404)
+      const list = await get(t, admin.cookie, String(res.headers.location))
+      assert.match(list.body, new RegExp(`Deleted ${user.username}`))
+      assert.match(list.body, new RegExp(`npx gatehouse db-user drop ${user.username}`))
+    })
+
+    it('refuses a delete confirmed against an older version of the user', async () => {
+      const user = await createUser(t, { username: uniqueName('stale') })
+      await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { first_name: 'Changed' } })
+      const res = await post(t, admin.cookie, `/auth/admin/users/${user.id}/delete`, { version: '1' })
+      assert.equal(res.statusCode, 409)
+      assert.match(res.body, /changed after this page was opened/)
+      assert.equal((await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).statusCode, 200)
+    })
+
+    it('resets a sign-in lock from the console and through POST /api/users/{user_id}/unlock, with a user.unlocked event', async () => {
+      const user = await createUser(t, { username: uniqueName('lock') })
+      const attempt = async (password: string): Promise<number> => (await t.app.inject({
+        method: 'POST', url: '/auth/api/login', payload: { username: user.username, password }, remoteAddress: '203.0.113.9'
+      })).statusCode
+      const lock = async (): Promise<void> => {
+        assert.equal(await attempt('wrong password 1'), 401)
+        assert.equal(await attempt('wrong password 2'), 401)
+        assert.equal(await attempt(GOOD_PASSWORD), 401, 'locked: the right password is refused too')
+      }
+      await lock()
+      const page = await get(t, admin.cookie, `/auth/admin/users/${user.id}`)
+      assert.match(page.body, /sign-in locked/)
+      const res = await post(t, admin.cookie, `/auth/admin/users/${user.id}/unlock`, {})
+      assert.equal(res.headers.location, `/auth/admin/users/${user.id}?done=unlocked`)
+      assert.equal(await attempt(GOOD_PASSWORD), 200)
+
+      await lock()
+      const denied = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/unlock`, headers: { cookie: plain.cookie, origin: ORIGIN } })
+      assert.equal(denied.statusCode, 403)
+      const api = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/unlock`, headers: auth(t.adminKey) })
+      assert.equal(api.statusCode, 204, api.body)
+      assert.equal(await attempt(GOOD_PASSWORD), 200)
+      const again = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/unlock`, headers: auth(t.adminKey) })
+      assert.equal(again.statusCode, 204)
+      const unlocked = await eventsOf(t, `type=user.unlocked&target_id=${user.id}`)
+      assert.equal(unlocked.length, 2, 'one event per reset that cleared something')
+      assert.equal(unlocked[0]!.data.failed_logins, 2)
+      assert.equal(typeof unlocked[0]!.data.locked_until, 'string')
+      const none = await t.app.inject({ method: 'POST', url: '/auth/api/users/00000000-0000-7000-8000-000000000000/unlock', headers: auth(t.adminKey) })
+      assert.equal(none.statusCode, 404)
+      const doc = (await t.app.inject({ url: '/auth/openapi.json' })).json() as { paths: Record<string, Record<string, { operationId: string }>> }
+      assert.equal(doc.paths['/auth/api/users/{user_id}/unlock']?.post?.operationId, 'unlock_user')
+      assert.ok(!Object.keys(doc.paths).some(p => p.startsWith('/auth/admin')), 'the console is not part of the API document')
+    })
+
+    it('creates a key whose secret is shown once, and rotates and revokes keys', async () => {
+      const res = await post(t, admin.cookie, '/auth/admin/api-keys', { name: 'nightly <export>', scopes: ['users:read', 'events:read'], expires_at: '2099-01-02T03:04' })
+      assert.equal(res.statusCode, 201, res.body)
+      const secret = /<code id="secret">(gatehouse_[A-Za-z0-9]+)<\/code>/.exec(res.body)?.[1]
+      assert.ok(secret !== undefined)
+      assert.match(res.body, /nightly &#60;export&#62;/)
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(secret) })).statusCode, 200)
+      const keys = (await t.app.inject({ url: '/auth/api/api-keys', headers: auth(t.adminKey) })).json() as Array<{ id: string, name: string, scopes: string[], expires_at: string, user_id: string }>
+      const key = keys.find(k => k.name === 'nightly <export>')!
+      assert.deepEqual(key.scopes, ['users:read', 'events:read'])
+      assert.equal(key.expires_at, '2099-01-02T03:04:00.000Z')
+      assert.equal(key.user_id, admin.id)
+      const list = await get(t, admin.cookie, '/auth/admin/api-keys')
+      assert.ok(!list.body.includes(secret), 'the list never shows a secret')
+
+      const rotated = await post(t, admin.cookie, `/auth/admin/api-keys/${key.id}/rotate`, {})
+      assert.equal(rotated.statusCode, 200)
+      const newSecret = /<code id="secret">(gatehouse_[A-Za-z0-9]+)<\/code>/.exec(rotated.body)![1]!
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(secret) })).statusCode, 401)
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(newSecret) })).statusCode, 200)
+
+      const revoked = await post(t, admin.cookie, `/auth/admin/api-keys/${key.id}/revoke`, {})
+      assert.equal(revoked.headers.location, '/auth/admin/api-keys?done=revoked')
+      assert.equal((await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(newSecret) })).statusCode, 401)
+
+      const past = await post(t, admin.cookie, '/auth/admin/api-keys', { name: 'old', expires_at: '2001-01-01T00:00' })
+      assert.equal(past.statusCode, 422)
+      assert.match(past.body, /id="expires_at"[^>]*aria-invalid="true"/)
+    })
+
+    it('lists events filtered by type, actor and target', async () => {
+      const user = await createUser(t, { username: uniqueName('ev') })
+      const res = await get(t, admin.cookie, `/auth/admin/events?type=user.created&target_id=${user.id}&actor_id=`)
+      assert.equal(res.statusCode, 200)
+      assert.equal([...res.body.matchAll(/<td data-label="Event"><code>user\.created<\/code><\/td>/g)].length, 1)
+      const none = await get(t, admin.cookie, `/auth/admin/events?type=user.deleted&target_id=${user.id}`)
+      assert.match(none.body, /No events\./)
+      const mine = await get(t, admin.cookie, `/auth/admin/events?actor_id=${admin.id}`)
+      assert.ok(!mine.body.includes(`<code>${plain.id}</code>`))
+    })
+  })
+}

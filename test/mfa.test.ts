@@ -1,0 +1,418 @@
+import assert from 'node:assert/strict'
+import { randomBytes } from 'node:crypto'
+import { describe, it } from 'node:test'
+import type { LightMyRequestResponse } from 'fastify'
+import { generate } from 'otplib'
+import { open } from '../src/mfa/secret-box.ts'
+import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { SoftAuthenticator } from './soft-authenticator.ts'
+
+const ORIGIN = 'http://localhost:8080'
+const BASE = { webauthnRpId: 'localhost', webauthnOrigins: [ORIGIN], mfaMaxFailures: 3 }
+
+async function createUser (t: TestApp, fields: Record<string, unknown> = {}): Promise<{ id: string, username: string }> {
+  const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD, ...fields } })
+  assert.equal(res.statusCode, 201, res.body)
+  return res.json()
+}
+
+async function login (t: TestApp, username: string, from = '127.0.0.1'): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD }, remoteAddress: from })
+}
+
+async function sessionOf (t: TestApp, username: string): Promise<string> {
+  const res = await login(t, username)
+  assert.equal(res.statusCode, 200, res.body)
+  return res.json().token
+}
+
+async function challengeOf (t: TestApp, username: string): Promise<{ challenge_token: string, methods: string[], enrolment_required: boolean }> {
+  const res = await login(t, username)
+  assert.equal(res.statusCode, 202, res.body)
+  return res.json()
+}
+
+const bearer = (token: string): Record<string, string> => ({ authorization: `Bearer ${token}` })
+
+async function call (t: TestApp, method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, token: string, payload?: unknown): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ method, url, headers: bearer(token), ...(payload !== undefined ? { payload: payload as Record<string, unknown> } : {}) })
+}
+
+async function completeMfa (t: TestApp, payload: Record<string, unknown>, from = '127.0.0.1'): Promise<LightMyRequestResponse> {
+  return await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa', payload, remoteAddress: from })
+}
+
+/** The code of the time step `steps` away from now (the server accepts one step either side). */
+async function codeAt (secret: string, steps = 0): Promise<string> {
+  return await generate({ secret, epoch: Math.floor(Date.now() / 1000) + steps * 30 })
+}
+
+async function enrolTotp (t: TestApp, token: string): Promise<{ secret: string, recoveryCodes: string[] }> {
+  const setup = await call(t, 'POST', '/auth/api/me/mfa/totp', token)
+  assert.equal(setup.statusCode, 200, setup.body)
+  const { secret } = setup.json()
+  const confirmed = await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(secret) })
+  assert.equal(confirmed.statusCode, 200, confirmed.body)
+  return { secret, recoveryCodes: confirmed.json().recovery_codes }
+}
+
+async function eventsOf (t: TestApp, userId: string): Promise<Array<{ type: string, data: Record<string, unknown> }>> {
+  const res = await t.app.inject({ url: `/auth/api/events?target_id=${userId}&limit=1000`, headers: auth(t.adminKey) })
+  assert.equal(res.statusCode, 200, res.body)
+  return res.json()
+}
+
+async function verifyHeaders (t: TestApp, token: string): Promise<LightMyRequestResponse> {
+  const res = await t.app.inject({ url: '/auth/api/verify', headers: bearer(token) })
+  assert.equal(res.statusCode, 200, res.body)
+  return res
+}
+
+async function addPasskey (t: TestApp, token: string, authenticator: SoftAuthenticator, name = 'Laptop'): Promise<LightMyRequestResponse> {
+  const options = await call(t, 'POST', '/auth/api/me/passkeys/options', token)
+  assert.equal(options.statusCode, 200, options.body)
+  assert.equal(options.json().ceremony, 'create')
+  return await call(t, 'POST', '/auth/api/me/passkeys', token, { name, credential: authenticator.create(options.json().options) })
+}
+
+for (const dialect of dialects()) {
+  describe(`second factors: TOTP and recovery codes (${dialect.name})`, () => {
+    const key = randomBytes(32)
+    const t = useTestApp(dialect, { ...BASE, mfaEncryptionKey: key })
+
+    it('enrols TOTP with an otpauth URI and a server-rendered SVG QR code, and gives ten recovery codes on confirmation', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      const setup = await call(t, 'POST', '/auth/api/me/mfa/totp', token)
+      assert.equal(setup.statusCode, 200, setup.body)
+      const body = setup.json()
+      assert.match(body.secret, /^[A-Z2-7]{32}$/)
+      assert.match(body.otpauth_uri, new RegExp(`^otpauth://totp/gatehouse:${user.username}\\?secret=${body.secret}`))
+      assert.match(body.qr_svg, /^<svg xmlns="http:\/\/www.w3.org\/2000\/svg"/)
+      // Not enrolled until a code confirms it: a sign-in still needs the password only.
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().totp.pending, true)
+      assert.equal((await login(t, user.username)).statusCode, 200)
+
+      const wrong = await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(body.secret) === '000000' ? '111111' : '000000' })
+      assert.equal(wrong.statusCode, 422)
+      assert.equal(wrong.json().code, 'invalid_code')
+      const confirmed = await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(body.secret) })
+      assert.equal(confirmed.statusCode, 200, confirmed.body)
+      const codes = confirmed.json().recovery_codes as string[]
+      assert.equal(codes.length, 10)
+      assert.equal(new Set(codes).size, 10)
+      for (const code of codes) assert.match(code, /^[a-z0-9]{5}-[a-z0-9]{5}$/)
+      const status = (await call(t, 'GET', '/auth/api/me/mfa', token)).json()
+      assert.deepEqual({ ...status, passkeys: undefined }, { required: false, totp: { enrolled: true, pending: false }, passkeys: undefined, recovery_codes_remaining: 10 })
+      const types = (await eventsOf(t, user.id)).map(e => e.type)
+      assert.ok(types.includes('user.totp_enrolled') && types.includes('user.recovery_codes_generated'), types.join())
+    })
+
+    it('keeps the TOTP secret encrypted under MFA_ENCRYPTION_KEY, bound to its user, and recovery codes only as digests', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      const { secret, recoveryCodes } = await enrolTotp(t, token)
+      const row = await t.app.db.selectFrom('totp_factors').selectAll().where('user_id', '=', user.id).executeTakeFirstOrThrow()
+      assert.ok(!row.secret.includes(secret))
+      assert.equal(open(key, row.secret, user.id), secret)
+      assert.throws(() => open(key, row.secret, randomBytes(16).toString('hex')), /does not authenticate/)
+      assert.throws(() => open(randomBytes(32), row.secret, user.id), /another MFA_ENCRYPTION_KEY/)
+      const stored = await t.app.db.selectFrom('recovery_codes').select('digest').where('user_id', '=', user.id).execute()
+      assert.equal(stored.length, 10)
+      for (const code of recoveryCodes) assert.ok(!stored.some(s => s.digest.includes(code) || s.digest.includes(code.replace('-', ''))))
+    })
+
+    it('answers a right password with a single-use challenge instead of a session, and completes it with a TOTP code', async () => {
+      const user = await createUser(t)
+      const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+      const res = await login(t, user.username)
+      assert.equal(res.statusCode, 202, res.body)
+      assert.equal(res.headers['set-cookie'], undefined)
+      const challenge = res.json()
+      assert.deepEqual(Object.keys(challenge).sort(), ['challenge_token', 'enrolment_required', 'expires_at', 'methods', 'mfa_required'])
+      assert.deepEqual(challenge.methods, ['totp', 'recovery_code'])
+      assert.match(challenge.challenge_token, /^gatehouse_mfa_[0-9A-Za-z]{43}$/)
+      // The challenge is no credential.
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: bearer(challenge.challenge_token) })).statusCode, 401)
+      const stored = await t.app.db.selectFrom('mfa_challenges').select('digest').where('user_id', '=', user.id).execute()
+      assert.ok(stored.every(s => s.digest !== challenge.challenge_token))
+
+      const done = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(secret, 1) })
+      assert.equal(done.statusCode, 200, done.body)
+      assert.match(done.json().token, /^gatehouse_session_/)
+      assert.equal(done.json().recovery_codes, undefined)
+      assert.match(String(done.headers['set-cookie']), /gatehouse_session=/)
+      assert.equal((await verifyHeaders(t, done.json().token)).headers['x-auth-mfa'], 'true')
+      const again = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(secret, 1) })
+      assert.equal(again.statusCode, 401)
+      assert.equal(again.json().code, 'mfa_failed')
+      const succeeded = (await eventsOf(t, user.id)).filter(e => e.type === 'user.login_succeeded')
+      assert.equal(succeeded[0]!.data.mfa, 'totp')
+    })
+
+    it('accepts a TOTP code once: the code that confirmed enrolment, or any earlier one, does not sign in', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      const setup = (await call(t, 'POST', '/auth/api/me/mfa/totp', token)).json()
+      const code = await codeAt(setup.secret)
+      assert.equal((await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code })).statusCode, 200)
+      const challenge = await challengeOf(t, user.username)
+      const replay = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: code })
+      assert.equal(replay.statusCode, 401)
+      const earlier = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(setup.secret, -1) })
+      assert.equal(earlier.statusCode, 401)
+      const reasons = (await eventsOf(t, user.id)).filter(e => e.type === 'user.mfa_failed').map(e => e.data.reason)
+      assert.deepEqual(reasons, ['wrong_code', 'wrong_code'])
+    })
+
+    it('opens one session when two requests bring the same fresh code at once', async () => {
+      const user = await createUser(t)
+      const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+      const next = await codeAt(secret, 1)
+      const [first, second] = [await challengeOf(t, user.username), await challengeOf(t, user.username)]
+      const raced = await Promise.all([
+        completeMfa(t, { challenge_token: first.challenge_token, totp_code: next }),
+        completeMfa(t, { challenge_token: second.challenge_token, totp_code: next })
+      ])
+      assert.deepEqual(raced.map(r => r.statusCode).sort(), [200, 401])
+      const sessions = await t.app.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).where('mfa', '=', true).execute()
+      assert.equal(sessions.length, 1)
+    })
+
+    it('signs in with each recovery code once', async () => {
+      const user = await createUser(t)
+      const { recoveryCodes } = await enrolTotp(t, await sessionOf(t, user.username))
+      const first = await challengeOf(t, user.username)
+      const used = await completeMfa(t, { challenge_token: first.challenge_token, recovery_code: recoveryCodes[3]!.toUpperCase().replace('-', ' ') })
+      assert.equal(used.statusCode, 200, used.body)
+      const second = await challengeOf(t, user.username)
+      const reused = await completeMfa(t, { challenge_token: second.challenge_token, recovery_code: recoveryCodes[3] })
+      assert.equal(reused.statusCode, 401)
+      assert.equal((await completeMfa(t, { challenge_token: second.challenge_token, recovery_code: recoveryCodes[4] })).statusCode, 200)
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', used.json().token)).json().recovery_codes_remaining, 8)
+      const used2 = (await eventsOf(t, user.id)).filter(e => e.type === 'user.recovery_code_used').map(e => e.data.remaining)
+      assert.deepEqual(used2, [8, 9])
+    })
+
+    it('gives a wrong code, an unknown, used or expired challenge the same 401 mfa_failed', async () => {
+      const user = await createUser(t)
+      const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+      const challenge = await challengeOf(t, user.username)
+      const current = await codeAt(secret)
+      const wrong = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: current === '123456' ? '654321' : '123456' })
+      const unknown = await completeMfa(t, { challenge_token: `gatehouse_mfa_${'A'.repeat(43)}`, totp_code: await codeAt(secret, 1) })
+      await t.app.db.updateTable('mfa_challenges').set({ expires_at: new Date(Date.now() - 1000).toISOString() }).where('user_id', '=', user.id).execute()
+      const expired = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(secret, 1) })
+      const strip = (r: LightMyRequestResponse): unknown => ({ status: r.statusCode, body: { ...r.json(), request_id: undefined } })
+      assert.deepEqual(strip(unknown), strip(wrong))
+      assert.deepEqual(strip(expired), strip(wrong))
+      assert.equal(wrong.statusCode, 401)
+    })
+
+    it('throttles second-factor guesses per account across addresses: concurrent wrong codes get exactly MFA_MAX_FAILURES checks', async () => {
+      const user = await createUser(t)
+      const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+      const challenges = await Promise.all(Array.from({ length: 4 }, async () => await challengeOf(t, user.username)))
+      const right = await codeAt(secret, 1)
+      const wrongCode = right === '000000' ? '000001' : '000000'
+      const guesses = await Promise.all(Array.from({ length: 12 }, async (_, i) =>
+        await completeMfa(t, { challenge_token: challenges[i % 4]!.challenge_token, totp_code: wrongCode }, `10.9.${i}.1`)))
+      const statuses = guesses.map(r => r.statusCode)
+      assert.equal(statuses.filter(s => s === 401).length, 3, statuses.join())
+      assert.equal(statuses.filter(s => s === 429).length, 9, statuses.join())
+      const limited = guesses.find(r => r.statusCode === 429)!
+      assert.equal(limited.json().code, 'rate_limited')
+      assert.ok(Number(limited.headers['retry-after']) >= 1)
+      // The budget is spent: even the right code waits, and is not spent by the refusal.
+      assert.equal((await completeMfa(t, { challenge_token: challenges[0]!.challenge_token, totp_code: right }, '10.9.99.1')).statusCode, 429)
+      const failed = (await eventsOf(t, user.id)).filter(e => e.type === 'user.mfa_failed')
+      assert.equal(failed.length, 3)
+    })
+
+    it('reports X-Auth-MFA: false for a password-only session and for an API key', async () => {
+      const user = await createUser(t)
+      assert.equal((await verifyHeaders(t, await sessionOf(t, user.username))).headers['x-auth-mfa'], 'false')
+      const res = await t.app.inject({ url: '/auth/api/verify', headers: auth(t.adminKey) })
+      assert.equal(res.headers['x-auth-mfa'], 'false')
+    })
+
+    it('lets only a signed-in session manage factors, not an API key', async () => {
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: auth(t.adminKey) })
+      assert.equal(res.statusCode, 403)
+    })
+
+    it('lets an admin reset a user\'s factors, recorded, after which the password alone signs in', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      await enrolTotp(t, token)
+      assert.equal((await login(t, user.username)).statusCode, 202)
+      const status = await t.app.inject({ url: `/auth/api/users/${user.id}/mfa`, headers: auth(t.adminKey) })
+      assert.equal(status.json().totp.enrolled, true)
+      assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/mfa`, headers: bearer(token) })).statusCode, 403)
+      const reset = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/mfa`, headers: auth(t.adminKey) })
+      assert.equal(reset.statusCode, 204, reset.body)
+      assert.equal((await login(t, user.username)).statusCode, 200)
+      const event = (await eventsOf(t, user.id)).find(e => e.type === 'user.mfa_reset')
+      assert.deepEqual(event?.data, { totp: true, passkeys: 0, recovery_codes: 10 })
+      assert.equal((await t.app.inject({ method: 'DELETE', url: '/auth/api/users/0190a3b4-0000-7000-8000-000000000000/mfa', headers: auth(t.adminKey) })).statusCode, 404)
+    })
+
+    it('removes TOTP and its recovery codes with it when it was the last factor', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      await enrolTotp(t, token)
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp', token)).statusCode, 204)
+      const status = (await call(t, 'GET', '/auth/api/me/mfa', token)).json()
+      assert.equal(status.totp.enrolled, false)
+      assert.equal(status.recovery_codes_remaining, 0)
+      assert.equal((await login(t, user.username)).statusCode, 200)
+    })
+  })
+
+  describe(`second factors: passkeys (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { ...BASE, mfaEncryptionKey: randomBytes(32) })
+
+    it('registers several named passkeys, renames and removes them, and uses one as the second factor', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      const first = await addPasskey(t, token, authenticator, 'Laptop')
+      assert.equal(first.statusCode, 201, first.body)
+      assert.equal(first.json().passkey.name, 'Laptop')
+      assert.equal(first.json().recovery_codes.length, 10)
+      const second = await addPasskey(t, token, authenticator, 'Phone')
+      assert.equal(second.statusCode, 201, second.body)
+      assert.equal(second.json().recovery_codes, undefined)
+
+      const renamed = await call(t, 'PATCH', `/auth/api/me/passkeys/${second.json().passkey.id}`, token, { name: 'Old phone' })
+      assert.equal(renamed.statusCode, 200, renamed.body)
+      assert.deepEqual((await call(t, 'GET', '/auth/api/me/mfa', token)).json().passkeys.map((p: { name: string }) => p.name), ['Laptop', 'Old phone'])
+
+      const challenge = await challengeOf(t, user.username)
+      assert.deepEqual(challenge.methods, ['passkey', 'recovery_code'])
+      const options = await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/passkey-options', payload: { challenge_token: challenge.challenge_token } })
+      assert.equal(options.statusCode, 200, options.body)
+      assert.equal(options.json().ceremony, 'get')
+      assert.equal(options.json().options.allowCredentials.length, 2)
+      const assertion = authenticator.get(options.json().options)
+      const done = await completeMfa(t, { challenge_token: challenge.challenge_token, passkey: assertion })
+      assert.equal(done.statusCode, 200, done.body)
+      assert.equal((await verifyHeaders(t, done.json().token)).headers['x-auth-mfa'], 'true')
+
+      assert.equal((await call(t, 'DELETE', `/auth/api/me/passkeys/${second.json().passkey.id}`, token)).statusCode, 204)
+      assert.equal((await call(t, 'DELETE', `/auth/api/me/passkeys/${second.json().passkey.id}`, token)).statusCode, 404)
+      const types = (await eventsOf(t, user.id)).map(e => e.type)
+      for (const type of ['user.passkey_added', 'user.passkey_renamed', 'user.passkey_removed']) assert.ok(types.includes(type), type)
+    })
+
+    it('refuses an assertion for another challenge, a replayed signature counter, and another user\'s passkey', async () => {
+      const user = await createUser(t)
+      const other = await createUser(t)
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      assert.equal((await addPasskey(t, await sessionOf(t, user.username), authenticator)).statusCode, 201)
+      const stranger = new SoftAuthenticator(ORIGIN, 'localhost')
+      assert.equal((await addPasskey(t, await sessionOf(t, other.username), stranger)).statusCode, 201)
+
+      const challenge = await challengeOf(t, user.username)
+      const options = (await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/passkey-options', payload: { challenge_token: challenge.challenge_token } })).json().options
+      const forOther = await completeMfa(t, { challenge_token: challenge.challenge_token, passkey: authenticator.get({ challenge: 'bm90LXRoZS1jaGFsbGVuZ2U' }) })
+      assert.equal(forOther.statusCode, 401)
+      const strangers = await completeMfa(t, { challenge_token: challenge.challenge_token, passkey: stranger.get(options) })
+      assert.equal(strangers.statusCode, 401)
+      const good = authenticator.get(options, 0, 5)
+      assert.equal((await completeMfa(t, { challenge_token: challenge.challenge_token, passkey: good })).statusCode, 200)
+      // A cloned authenticator shows itself by a counter that does not move forward.
+      const again = await challengeOf(t, user.username)
+      const options2 = (await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/passkey-options', payload: { challenge_token: again.challenge_token } })).json().options
+      assert.equal((await completeMfa(t, { challenge_token: again.challenge_token, passkey: authenticator.get(options2, 0, 5) })).statusCode, 401)
+    })
+
+    it('signs in with a passkey alone when the authenticator verifies its user, and never twice with one assertion', async () => {
+      const user = await createUser(t)
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      assert.equal((await addPasskey(t, await sessionOf(t, user.username), authenticator)).statusCode, 201)
+      const options = await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey/options' })
+      assert.equal(options.statusCode, 200, options.body)
+      assert.equal(options.json().options.userVerification, 'required')
+      const assertion = authenticator.get(options.json().options)
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey', payload: { credential: assertion } })
+      assert.equal(res.statusCode, 200, res.body)
+      assert.equal(res.json().user.id, user.id)
+      assert.equal((await verifyHeaders(t, res.json().token)).headers['x-auth-mfa'], 'true')
+      const replay = await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey', payload: { credential: assertion } })
+      assert.equal(replay.statusCode, 401)
+      assert.equal(replay.json().code, 'invalid_credentials')
+
+      const noVerification = new SoftAuthenticator(ORIGIN, 'localhost', false)
+      assert.equal((await addPasskey(t, await sessionOf(t, (await createUser(t)).username), noVerification)).statusCode, 201)
+      const options2 = (await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey/options' })).json().options
+      const refused = await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey', payload: { credential: noVerification.get(options2) } })
+      assert.equal(refused.statusCode, 401)
+      const event = (await eventsOf(t, user.id)).find(e => e.type === 'user.login_succeeded' && e.data.passwordless === true)
+      assert.equal(event?.data.mfa, 'passkey')
+    })
+
+    it('refuses a passkey made for another origin', async () => {
+      const user = await createUser(t)
+      const phishing = new SoftAuthenticator('http://evil.example', 'localhost')
+      const res = await addPasskey(t, await sessionOf(t, user.username), phishing)
+      assert.equal(res.statusCode, 422)
+      assert.equal(res.json().code, 'passkey_rejected')
+    })
+  })
+
+  describe(`MFA_REQUIRED=admins (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { ...BASE, mfaEncryptionKey: randomBytes(32), mfaRequired: 'admins' })
+
+    it('makes an admin without a factor enrol one during sign-in, and leaves other users alone', async () => {
+      const admin = await createUser(t, { role: 'admin' })
+      const user = await createUser(t)
+      assert.equal((await login(t, user.username)).statusCode, 200)
+      const challenge = await challengeOf(t, admin.username)
+      assert.equal(challenge.enrolment_required, true)
+      assert.deepEqual(challenge.methods, ['totp', 'passkey'])
+      // Nothing to complete with yet.
+      assert.equal((await completeMfa(t, { challenge_token: challenge.challenge_token, recovery_code: 'aaaaa-aaaaa' })).statusCode, 401)
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/totp', payload: { challenge_token: challenge.challenge_token } })
+      assert.equal(setup.statusCode, 200, setup.body)
+      const done = await completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(setup.json().secret) })
+      assert.equal(done.statusCode, 200, done.body)
+      assert.equal(done.json().recovery_codes.length, 10)
+      const status = (await call(t, 'GET', '/auth/api/me/mfa', done.json().token)).json()
+      assert.equal(status.required, true)
+      assert.equal(status.totp.enrolled, true)
+      // Its last factor cannot be removed while the policy applies.
+      const removal = await call(t, 'DELETE', '/auth/api/me/mfa/totp', done.json().token)
+      assert.equal(removal.statusCode, 409)
+      assert.equal(removal.json().code, 'mfa_required')
+      const next = await challengeOf(t, admin.username)
+      assert.equal(next.enrolment_required, false)
+    })
+
+    it('lets an admin who must enrol register a passkey as the first factor during sign-in', async () => {
+      const admin = await createUser(t, { role: 'admin' })
+      const challenge = await challengeOf(t, admin.username)
+      const options = await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/passkey-options', payload: { challenge_token: challenge.challenge_token } })
+      assert.equal(options.json().ceremony, 'create')
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      const done = await completeMfa(t, { challenge_token: challenge.challenge_token, passkey: authenticator.create(options.json().options), passkey_name: 'Key' })
+      assert.equal(done.statusCode, 200, done.body)
+      assert.equal(done.json().recovery_codes.length, 10)
+      const types = (await eventsOf(t, admin.id)).map(e => e.type)
+      assert.ok(types.includes('user.passkey_added') && types.includes('user.mfa_challenged'))
+    })
+  })
+
+  describe(`without MFA_ENCRYPTION_KEY (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { ...BASE, mfaRequired: 'all' })
+
+    it('refuses TOTP enrolment with 409 totp_not_configured and offers passkeys only', async () => {
+      const user = await createUser(t)
+      const challenge = await challengeOf(t, user.username)
+      assert.deepEqual(challenge.methods, ['passkey'])
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa/totp', payload: { challenge_token: challenge.challenge_token } })
+      assert.equal(setup.statusCode, 409)
+      assert.equal(setup.json().code, 'totp_not_configured')
+    })
+  })
+}

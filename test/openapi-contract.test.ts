@@ -1,0 +1,178 @@
+import { strict as assert } from 'node:assert'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { describe, it } from 'node:test'
+import openapiTS, { astToString, type OpenAPI3 } from 'openapi-typescript'
+import ts from 'typescript'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
+
+type Doc = Record<string, any>
+
+/** Type-checks `consumer` against the types openapi-typescript generates from `document`; returns the compiler's complaints. */
+async function typecheckAgainstGeneratedClient (document: Doc, consumer: string): Promise<string[]> {
+  const dir = mkdtempSync(join(tmpdir(), 'gatehouse-openapi-ts-'))
+  try {
+    writeFileSync(join(dir, 'api.ts'), astToString(await openapiTS(document as OpenAPI3)))
+    writeFileSync(join(dir, 'consumer.ts'), consumer)
+    const program = ts.createProgram([join(dir, 'consumer.ts')], {
+      strict: true,
+      noEmit: true,
+      skipLibCheck: true,
+      types: [],
+      target: ts.ScriptTarget.ES2022,
+      module: ts.ModuleKind.NodeNext,
+      moduleResolution: ts.ModuleResolutionKind.NodeNext,
+      allowImportingTsExtensions: true
+    })
+    return ts.getPreEmitDiagnostics(program).map(d => ts.flattenDiagnosticMessageText(d.messageText, '\n'))
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+function operations (document: Doc): Map<string, Doc> {
+  const ops = new Map<string, Doc>()
+  for (const item of Object.values<Doc>(document.paths)) {
+    for (const op of Object.values<Doc>(item)) ops.set(op.operationId, op)
+  }
+  return ops
+}
+
+/** A response's headers, with references to components.headers resolved. */
+function headersOf (document: Doc, response: Doc): Record<string, Doc> {
+  const out: Record<string, Doc> = {}
+  for (const [name, header] of Object.entries<Doc>(response.headers ?? {})) {
+    out[name] = typeof header.$ref === 'string' ? document.components.headers[header.$ref.split('/').pop()!] : header
+  }
+  return out
+}
+
+// The document is the same whatever the database; the responses are checked on every dialect.
+const [sqlite] = dialects()
+
+describe('the OpenAPI document as a typed client sees it', () => {
+  const t = useTestApp(sqlite!)
+
+  it('gives a client generated with openapi-typescript the Location, ETag and Link headers of Create, Get and List', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    // Each line only compiles if the header is declared with a string type: an undeclared one is `unknown`.
+    const consumer = `
+      import type { operations } from './api.ts'
+      type H<Op extends keyof operations, S extends keyof operations[Op]['responses']> =
+        operations[Op]['responses'][S] extends { headers: infer Headers } ? Headers : never
+      declare const created: H<'create_user_users_post', 201>
+      declare const legacyCreated: H<'legacy_create_user_users_post', 201>
+      declare const read: H<'get_user_users__user_id__get', 200>
+      declare const updated: H<'update_user_users__user_id__patch', 200>
+      declare const listed: H<'list_users_users_get', 200>
+      declare const events: H<'list_events', 200>
+      declare const keyCreated: H<'create_api_key', 201>
+      export const always: string[] = [created.Location, created.ETag, legacyCreated.Location, read.ETag, updated.ETag, keyCreated.Location]
+      // Link is only there when another page follows.
+      export const sometimes: Array<string | undefined> = [listed.Link, events.Link]
+      export const next: string = listed.Link ?? ''
+    `
+    assert.deepEqual(await typecheckAgainstGeneratedClient(document, consumer), [])
+    // And the check can fail: a header nobody declares does not type as a string.
+    const undeclared = await typecheckAgainstGeneratedClient(document, `
+      import type { operations } from './api.ts'
+      declare const read: operations['get_user_users__user_id__get']['responses'][200]['headers']
+      export const nope: string = read['X-Not-Declared']
+    `)
+    assert.equal(undeclared.length, 1, undeclared.join('\n'))
+  })
+
+  it('declares every error as application/problem+json, and the 429 with Retry-After and the RateLimit headers', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    for (const op of operations(document).values()) {
+      for (const [status, response] of Object.entries<Doc>(op.responses)) {
+        // Readiness answers 503 with its own Health body, for load balancers.
+        if (!/^[45]/.test(status) || (op.operationId === 'readyz' && status === '503')) continue
+        assert.deepEqual(Object.keys(response.content), ['application/problem+json'], `${op.operationId} ${status}`)
+        assert.equal(response.content['application/problem+json'].schema.$ref, '#/components/schemas/Problem')
+      }
+    }
+    const list = operations(document).get('list_users_users_get')!
+    assert.deepEqual(Object.keys(headersOf(document, list.responses['429'])).sort(),
+      ['RateLimit-Limit', 'RateLimit-Remaining', 'RateLimit-Reset', 'Retry-After', 'X-Request-Id'])
+    // Probes are never throttled, so they document no 429.
+    assert.equal(operations(document).get('healthz')!.responses['429'], undefined)
+    assert.deepEqual(document.servers.map((s: Doc) => s.url), ['/'])
+  })
+
+  it('says that form bodies repeat a field for each group, and offers an ordinary enabled user as the Create User example', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    const body = operations(document).get('create_user_users_post')!.requestBody.content
+    for (const type of ['application/x-www-form-urlencoded', 'multipart/form-data']) {
+      assert.deepEqual(body[type].encoding, { groups: { style: 'form', explode: true } }, type)
+    }
+    assert.equal(body['application/json'].encoding, undefined)
+
+    // The JSON body starts from the schema's example, form fields from each property's.
+    const create = document.components.schemas.UserCreate
+    const [example] = create.examples
+    assert.equal(example.role, 'user')
+    assert.equal(example.disabled, false)
+    for (const [field, value] of Object.entries(example)) assert.deepEqual(create.properties[field].examples, [value], field)
+    assert.notEqual(example.password, '********')
+    const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { ...example, username: uniqueName('example'), email: null } })
+    assert.equal(created.statusCode, 201, created.body)
+    assert.equal(created.json().role, 'user')
+    assert.equal(created.json().disabled, false)
+    // Nor does Update User's example promote, disable or set a password.
+    const [patch] = document.components.schemas.UserPatch.examples
+    assert.deepEqual(Object.keys(patch).filter(field => ['role', 'disabled', 'password'].includes(field)), [])
+  })
+})
+
+for (const dialect of dialects()) {
+  describe(`responses send the headers the document marks required (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('on Create, Get, a paged List, a 3.6.1 path and a 401', async () => {
+      const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+      const ops = operations(document)
+      const expectDocumented = (operationId: string, response: { statusCode: number, headers: Record<string, unknown> }, alsoPresent: string[] = []): void => {
+        const declared = ops.get(operationId)!.responses[String(response.statusCode)]
+        assert.ok(declared, `${operationId} documents ${response.statusCode}`)
+        const headers = headersOf(document, declared)
+        for (const [name, header] of Object.entries(headers)) {
+          if (header.required === true || alsoPresent.includes(name)) {
+            assert.equal(typeof response.headers[name.toLowerCase()], 'string', `${operationId} ${response.statusCode} sends ${name}`)
+          }
+        }
+        for (const name of alsoPresent) assert.ok(headers[name], `${operationId} ${response.statusCode} declares ${name}`)
+      }
+
+      for (let i = 0; i < 2; i++) {
+        await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName('contract'), password: GOOD_PASSWORD } })
+      }
+      const created = await t.app.inject({ method: 'POST', url: '/auth/users', headers: auth(t.adminKey), payload: { username: uniqueName('contract') } })
+      expectDocumented('legacy_create_user_users_post', created, ['RateLimit-Limit'])
+      const id = created.json().id as string
+      expectDocumented('get_user_users__user_id__get', await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) }))
+      expectDocumented('list_users_users_get', await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(t.adminKey) }), ['Link'])
+      const unauthenticated = await t.app.inject({ url: '/auth/api/users' })
+      expectDocumented('list_users_users_get', unauthenticated)
+      assert.match(unauthenticated.headers['content-type'] as string, /^application\/problem\+json/)
+    })
+
+    it('on a 429 from the address limit, which is refused before any other hook runs', async () => {
+      const limited = await createTestApp(dialect, { rateLimitPerAddress: 1 })
+      try {
+        const document = (await limited.app.inject({ url: '/auth/openapi.json' })).json()
+        const refused = await limited.app.inject({ url: '/auth/api/version' })
+        assert.equal(refused.statusCode, 429)
+        const declared = headersOf(document, operations(document).get('get_version')!.responses['429'])
+        for (const name of ['X-Request-Id', 'Retry-After', 'RateLimit-Limit', 'RateLimit-Reset']) {
+          assert.ok(declared[name], `the 429 declares ${name}`)
+          assert.equal(typeof refused.headers[name.toLowerCase()], 'string', `the 429 sends ${name}`)
+        }
+        assert.equal(refused.headers['x-request-id'], refused.json().request_id)
+      } finally {
+        await limited.app.close()
+      }
+    })
+  })
+}
