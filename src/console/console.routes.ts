@@ -7,6 +7,7 @@ import { AppError, mapDatabaseError } from '../errors.ts'
 import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
 import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage } from '../events/events.service.ts'
+import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { authenticateSession } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
@@ -100,13 +101,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
   const viewOf = (request: FastifyRequest, notice?: SafeHtml | string): ViewContext =>
     ({ base, username: request.consoleUser, notice })
 
-  const sendPage = (reply: FastifyReply, status: number, page: string): FastifyReply => reply.code(status)
-    .header('Content-Security-Policy', CSP)
-    .header('X-Frame-Options', 'DENY')
-    // Not no-referrer: under that policy browsers send "Origin: null" with form posts, which the CSRF check refuses.
-    .header('Referrer-Policy', 'same-origin')
-    .type('text/html; charset=utf-8')
-    .send(page)
+  const sendPage = (reply: FastifyReply, status: number, page: string): FastifyReply => sendHtmlPage(reply, status, page, CSP)
 
   const seeOther = (reply: FastifyReply, location: string): FastifyReply => reply.code(303).header('Location', location).send()
 

@@ -1,3 +1,5 @@
+import { escapeHtml } from '../lib/html.ts'
+
 /**
  * HTML built from tagged templates: every interpolated value is escaped
  * unless it is itself the product of `html` (or an array of such). So a
@@ -7,10 +9,6 @@
 export class SafeHtml {
   constructor (readonly text: string) {}
   toString (): string { return this.text }
-}
-
-export function escapeHtml (text: string): string {
-  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
 }
 
 type Value = SafeHtml | string | number | boolean | null | undefined | Value[]

@@ -6,6 +6,7 @@ import type { FastifyTypeBox } from '../app.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
 import { AppError } from '../errors.ts'
+import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { safeNext } from '../sessions/login-page.ts'
 import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
 import { authenticateSession, type SessionsDeps, type SignIn } from '../sessions/sessions.service.ts'
@@ -34,10 +35,6 @@ const PAGE_SCRIPT = readFileSync(new URL('./assets/mfa.js', import.meta.url), 'u
 // The package exports only its modules; the browser bundle sits beside them.
 const WEBAUTHN_BUNDLE = readFileSync(new URL('../dist/bundle/index.umd.min.js', `file://${createRequire(import.meta.url).resolve('@simplewebauthn/browser')}`), 'utf8')
 
-function escapeHtml (text: string): string {
-  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
-}
-
 function layout (basePath: string, title: string, body: string, error?: string): string {
   const alert = error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(error)}</p>\n` : ''
   return `<!doctype html>
@@ -62,13 +59,7 @@ ${alert}${body}
 }
 
 function send (reply: FastifyReply, status: number, html: string): FastifyReply {
-  return reply.code(status)
-    .header('Content-Security-Policy', CSP)
-    .header('X-Frame-Options', 'DENY')
-    // As on the sign-in page: the real Origin must reach our own form posts.
-    .header('Referrer-Policy', 'same-origin')
-    .type('text/html; charset=utf-8')
-    .send(html)
+  return sendHtmlPage(reply, status, html, CSP)
 }
 
 function field (body: unknown, name: string, max = 2048): string {

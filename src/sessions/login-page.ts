@@ -5,6 +5,7 @@ import type { PrincipalUser } from '../auth/principal.ts'
 import { isSameOriginPath } from '../config.ts'
 import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
+import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './sessions.routes.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
@@ -21,10 +22,6 @@ dl{margin:0}dt{font-weight:600}dd{margin:0 0 .6rem}a{color:#1f5fcf;font-weight:6
 const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
 /** Nothing but these pages' own style and forms posting back here. */
 const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
-
-function escapeHtml (text: string): string {
-  return text.replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`)
-}
 
 /**
  * The `next` a sign-in link gave, if it is a path on this origin. Anything else
@@ -97,15 +94,7 @@ ${onward}<form method="post" action="${basePath}/logout">
 }
 
 function sendPage (reply: FastifyReply, status: number, html: string): FastifyReply {
-  return reply.code(status)
-    .header('Content-Security-Policy', CSP)
-    .header('X-Frame-Options', 'DENY')
-    // Not no-referrer: under that policy browsers send "Origin: null" with the form's POST, even to
-    // this origin, and assertSameOrigin refuses every sign-in. same-origin keeps the Referer off
-    // other sites and the real Origin on our own form posts.
-    .header('Referrer-Policy', 'same-origin')
-    .type('text/html; charset=utf-8')
-    .send(html)
+  return sendHtmlPage(reply, status, html, CSP)
 }
 
 function field (body: unknown, name: string): string {
