@@ -34,6 +34,7 @@ import eventsRoutes from './events/events.routes.ts'
 import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
 import webhooksRoutes from './webhooks/webhooks.routes.ts'
 import { WebhookWorker } from './webhooks/webhooks.worker.ts'
+import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
@@ -241,6 +242,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       const removed = await purgeSignInHistory(db, config)
       // Sign-in and passkey challenges live minutes; an hour past their end they are of no use to anyone.
       await deleteChallengesBefore(db, new Date(Date.now() - 3_600_000).toISOString())
+      const webhookHistory = await purgeWebhookHistory(db, config)
+      if (webhookHistory.deliveries > 0 || webhookHistory.attempts > 0) app.log.info({ removed: webhookHistory }, 'purged old webhook deliveries and attempts')
       if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
     } catch (err) {
       app.log.warn({ err }, 'could not purge old sessions; will try again')

@@ -98,6 +98,8 @@ export interface Config {
   webhookConcurrency: number
   /** Run the delivery worker here; off, the instance only queues deliveries (others deliver them). */
   webhookDelivery: boolean
+  /** How long finished webhook deliveries and attempts are kept for inspection. */
+  webhookRetentionMs: number
   /** Who must have a second factor: nobody, admins, or everyone (docs/mfa.md). */
   mfaRequired: 'off' | 'admins' | 'all'
   /** AES-256 key for TOTP secrets at rest; without it TOTP cannot be enrolled (passkeys still can). */
@@ -166,6 +168,7 @@ const DEFAULTS: Config = {
   webhookSecretOverlapMs: 86_400_000,
   webhookConcurrency: 10,
   webhookDelivery: true,
+  webhookRetentionMs: 30 * 86_400_000,
   mfaRequired: 'off',
   mfaEncryptionKey: undefined,
   mfaMaxFailures: 5,
@@ -254,6 +257,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.webhookRetryMaxDelayMs = int('WEBHOOK_RETRY_MAX_DELAY_S', c.webhookRetryMaxDelayMs / 1000) * 1000
   c.webhookSecretOverlapMs = int('WEBHOOK_SECRET_OVERLAP_S', c.webhookSecretOverlapMs / 1000) * 1000
   c.webhookConcurrency = int('WEBHOOK_CONCURRENCY', c.webhookConcurrency)
+  c.webhookRetentionMs = int('WEBHOOK_RETENTION_DAYS', c.webhookRetentionMs / 86_400_000) * 86_400_000
   c.webhookDelivery = bool('WEBHOOK_DELIVERY', c.webhookDelivery)
   c.trustedOrigins = (str('TRUSTED_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   c.loginDefaultNext = str('LOGIN_DEFAULT_NEXT')
@@ -316,6 +320,7 @@ function validate (c: Config): Config {
   if (c.webhookRetryHorizonMs < 1 || c.webhookRetryMaxDelayMs < 1) {
     throw new ConfigError('WEBHOOK_RETRY_HORIZON_S and WEBHOOK_RETRY_MAX_DELAY_S must be at least 1')
   }
+  if (c.webhookRetentionMs < 86_400_000) throw new ConfigError('WEBHOOK_RETENTION_DAYS must be at least 1')
   if (Number.isNaN(c.legacySunset.getTime())) throw new ConfigError('LEGACY_SUNSET must be a date')
   if ((c.bootstrapAdminUsername === undefined) !== (c.bootstrapAdminPassword === undefined)) {
     throw new ConfigError('GATEHOUSE_ADMIN_USERNAME and GATEHOUSE_ADMIN_PASSWORD go together')

@@ -3,6 +3,7 @@ import { after, before, describe, it } from 'node:test'
 import { Webhook as StandardWebhook } from 'standardwebhooks'
 import { buildApp, type FastifyTypeBox } from '../src/app.ts'
 import type { Config } from '../src/config.ts'
+import { purgeWebhookHistory } from '../src/webhooks/webhooks.service.ts'
 import { auth, createTestApp, dialects, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
@@ -107,6 +108,31 @@ for (const dialect of dialects()) {
       const hookNow = (await t.app.inject({ url: `/auth/api/webhooks/${hook.id}`, headers: auth(t.adminKey) })).json()
       assert.equal(hookNow.failing_since, null, 'a success clears failing_since')
       await t.app.inject({ method: 'DELETE', url: `/auth/api/webhooks/${hook.id}`, headers: auth(t.adminKey) })
+    })
+
+    it('forgets finished deliveries and attempts past the retention, never a pending delivery', async () => {
+      receiver.answer = ({ body }) => body.includes('"retry-me') ? 503 : 200
+      const done = await createHook(t, { url, event_types: ['user.created'] })
+      const user = await createUser(t)
+      const event = await eventOf(t, 'user.created', user.id)
+      await waitFor('the delivery', () => receiver.accepted().has(event.id))
+      const retrying = await createHook(t, { url, event_types: ['api_key.created'] })
+      const key = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'retry-me' } })).json()
+      const keyEvent = await eventOf(t, 'api_key.created', key.id)
+      await waitFor('a failed attempt', () => receiver.received.some(r => r.id === keyEvent.id && r.status === 503))
+      const listed = async (hook: Hook, what: string): Promise<Array<Record<string, unknown>>> =>
+        (await t.app.inject({ url: `/auth/api/webhooks/${hook.id}/${what}`, headers: auth(t.adminKey) })).json()
+      assert.equal((await listed(done, 'deliveries')).length, 1)
+      assert.ok((await listed(done, 'attempts')).length >= 1)
+
+      // Now is the retention's end: everything finished so far is older than that.
+      const removed = await purgeWebhookHistory(t.app.db, t.config, Date.now() + t.config.webhookRetentionMs + 60_000)
+      assert.ok(removed.deliveries >= 1 && removed.attempts >= 2, JSON.stringify(removed))
+      assert.deepEqual(await listed(done, 'deliveries'), [])
+      assert.deepEqual(await listed(done, 'attempts'), [])
+      const pending = await listed(retrying, 'deliveries')
+      assert.deepEqual(pending.map(d => [d.event_id, d.status]), [[keyEvent.id, 'pending']])
+      for (const hook of [done, retrying]) await t.app.inject({ method: 'DELETE', url: `/auth/api/webhooks/${hook.id}`, headers: auth(t.adminKey) })
     })
 
     it('signs with both the old and the new secret during a rotation\'s overlap', async () => {

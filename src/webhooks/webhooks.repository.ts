@@ -279,3 +279,17 @@ export async function countDeliveriesByStatus (db: Db): Promise<{ pending: numbe
   const [pending, failed] = await Promise.all([count('pending'), count('failed')])
   return { pending, failed }
 }
+
+/**
+ * Forgets finished deliveries (delivered, or given up) and attempts older
+ * than `before`. Pending deliveries are never removed; the events stay in the
+ * event log, so a replay can queue them again.
+ */
+export async function deleteWebhookHistoryBefore (db: Db, before: string): Promise<{ deliveries: number, attempts: number }> {
+  const deliveries = await db.deleteFrom('webhook_deliveries')
+    .where('status', 'in', ['delivered', 'failed'])
+    .where(eb => eb(eb.fn.coalesce('delivered_at', 'last_attempt_at', 'created_at'), '<', before))
+    .executeTakeFirst()
+  const attempts = await db.deleteFrom('webhook_attempts').where('attempted_at', '<', before).executeTakeFirst()
+  return { deliveries: Number(deliveries.numDeletedRows), attempts: Number(attempts.numDeletedRows) }
+}

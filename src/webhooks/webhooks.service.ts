@@ -9,6 +9,7 @@ import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import {
   deleteEndpoint,
+  deleteWebhookHistoryBefore,
   disableEndpoint,
   findDelivery,
   findEndpoint,
@@ -360,4 +361,9 @@ export async function pingWebhook (db: Db, ctx: RequestContext, sender: Sender, 
     'webhook-signature': signatureHeader(signingSecrets(endpoint, now.getTime()), webhookId, now, body)
   }, body)
   return { ok: result.ok, webhook_id: webhookId, status_code: result.statusCode, latency_ms: result.latencyMs, error: result.error }
+}
+
+/** Housekeeping, hourly: finished deliveries and attempts older than WEBHOOK_RETENTION_DAYS are forgotten. */
+export async function purgeWebhookHistory (db: Db, config: Pick<Config, 'webhookRetentionMs'>, now = Date.now()): Promise<{ deliveries: number, attempts: number }> {
+  return await deleteWebhookHistoryBefore(db, new Date(now - config.webhookRetentionMs).toISOString())
 }
