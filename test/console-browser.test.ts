@@ -7,6 +7,7 @@ import { AxeBuilder } from '@axe-core/playwright'
 import type { Page } from 'playwright-core'
 import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+import { Receiver, waitFor } from './webhook-receiver.ts'
 
 /** Screenshots of every page at both widths, for people to look at (gitignored). */
 const ARTIFACTS = new URL('./artifacts/', import.meta.url)
@@ -192,6 +193,136 @@ for (const dialect of dialects()) {
     } finally {
       await browser?.close()
       await app.close()
+    }
+  })
+}
+
+for (const dialect of dialects()) {
+  test(`admin console in Chromium: a webhook endpoint added, pinged, its attempts listed and a delivery retried (${dialect.name})`, { timeout: 180_000 }, async (t) => {
+    if (!existsSync(CHROMIUM)) {
+      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
+      return
+    }
+    await mkdir(ARTIFACTS, { recursive: true })
+    // The receiver is on 127.0.0.1; a failed delivery waits a minute for its retry, so the page can show it pending.
+    const { app, adminKey } = await createTestApp(dialect, { webhookAllowPrivate: true, webhookPollIntervalMs: 50, webhookRetryBaseMs: 60_000, webhookTimeoutMs: 2000 })
+    const receiver = new Receiver()
+    let browser: Browser | undefined
+    try {
+      const hookUrl = await receiver.listen()
+      await app.listen({ host: '127.0.0.1', port: 0 })
+      const { port } = app.server.address() as AddressInfo
+      const origin = `http://127.0.0.1:${port}`
+      const api = async (path: string, init: RequestInit = {}): Promise<Response> =>
+        await fetch(`${origin}/auth/api${path}`, { ...init, headers: { ...auth(adminKey), 'content-type': 'application/json', ...init.headers } })
+      const adminName = uniqueName('hooks')
+      assert.equal((await api('/users', { method: 'POST', body: JSON.stringify({ username: adminName, role: 'admin', password: GOOD_PASSWORD }) })).status, 201)
+
+      browser = await launchChromium()
+      await browser.context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin })
+      const page = browser.page
+      const cspErrors: string[] = []
+      page.on('console', (message) => { if (/Content.Security.Policy/i.test(message.text())) cspErrors.push(message.text()) })
+      const check = async (name: string): Promise<void> => { await inspect(page, name, dialect.name, cspErrors) }
+
+      await page.goto(`${origin}/auth/login?next=/auth/admin`)
+      await page.getByLabel('Username or email').fill(adminName)
+      await page.getByLabel('Password').fill(GOOD_PASSWORD)
+      await page.getByRole('button', { name: 'Sign in' }).click()
+      await page.waitForURL(`${origin}/auth/admin/users`)
+
+      await page.getByRole('navigation', { name: 'Console' }).getByRole('link', { name: 'Webhooks' }).click()
+      await page.waitForURL(`${origin}/auth/admin/webhooks`)
+      await check('webhooks-empty')
+
+      // A mistyped event type is shown next to its field; what was typed stays.
+      await page.getByLabel('URL').fill(hookUrl)
+      await page.getByLabel('Event types').fill('user.*, user.exploded')
+      await page.getByLabel('Description').fill('local receiver')
+      await page.getByRole('button', { name: 'Add endpoint' }).click()
+      await page.locator('#form-errors').waitFor()
+      assert.match(await page.locator('#event_types-error').innerText(), /Event types is not an event type/)
+      assert.equal(await page.getByLabel('URL').inputValue(), hookUrl)
+      await check('webhooks-errors')
+
+      await page.getByLabel('Event types').fill('user.*')
+      await page.getByRole('button', { name: 'Add endpoint' }).click()
+      await page.getByRole('heading', { name: 'Endpoint added' }).waitFor()
+      const secret = (await page.locator('#secret').innerText()).trim()
+      assert.match(secret, /^whsec_[A-Za-z0-9+/]+=*$/)
+      await page.getByRole('button', { name: 'Copy' }).click()
+      await page.getByRole('button', { name: 'Copied' }).waitFor()
+      assert.equal(await page.evaluate('navigator.clipboard.readText()'), secret)
+      await check('webhook-secret')
+
+      await page.getByRole('link', { name: 'Back to the webhooks' }).click()
+      const row = page.locator('tbody tr')
+      assert.equal(await row.count(), 1)
+      assert.equal(await row.locator('td[data-label="URL"]').innerText(), hookUrl)
+      assert.equal(await row.locator('td[data-label="Description"]').innerText(), 'local receiver')
+      await check('webhooks')
+
+      // Ping: signed with the secret just shown, answered by the receiver, the answer on the page.
+      receiver.answer = () => 204
+      await row.getByRole('link', { name: hookUrl }).click()
+      await page.getByRole('button', { name: 'Send a test ping' }).click()
+      await page.locator('#ping-result').waitFor()
+      assert.match(await page.locator('#ping-result').innerText(), /Ping delivered: the receiver answered 204 in \d+ ms/)
+      const ping = receiver.received.at(-1)!
+      assert.equal(JSON.parse(ping.body).type, 'webhook.ping')
+      assert.match(String(ping.headers['webhook-signature']), /^v1,/)
+      await check('webhook-ping')
+
+      // A real delivery: the receiver refuses it once, so the attempt shows its status code and next attempt, and Retry.
+      receiver.answer = () => 503
+      const made = await api('/users', { method: 'POST', body: JSON.stringify({ username: uniqueName('delivered') }) })
+      assert.equal(made.status, 201)
+      await waitFor('the first delivery attempt', () => receiver.received.some(r => r.body.includes('"user.created"')))
+      // The ping's answer is the page at the form's address; the endpoint's own page is one up.
+      const hookPage = page.url().replace(/\/ping$/, '')
+      await waitFor('the attempt to be recorded', async () => {
+        await page.goto(hookPage)
+        return await page.getByRole('region', { name: 'Attempts' }).count() === 1
+      })
+      const attempt = page.getByRole('region', { name: 'Attempts' }).locator('tbody tr').first()
+      assert.equal(await attempt.locator('td[data-label="Status code"]').innerText(), '503')
+      assert.match(await attempt.locator('td[data-label="Latency"]').innerText(), /^\d+ ms$/)
+      assert.match(await attempt.locator('td[data-label="Next attempt"]').innerText(), /UTC$/)
+      const delivery = page.getByRole('region', { name: 'Deliveries' }).locator('tbody tr').first()
+      assert.match(await delivery.locator('td[data-label="Status"]').innerText(), /pending/)
+      await check('webhook-attempts')
+
+      receiver.answer = () => 204
+      await delivery.getByRole('button', { name: /^Retry user\.created/ }).click()
+      await page.waitForURL(/done=retried/)
+      await waitFor('the retried delivery', () => [...receiver.accepted().keys()].some(id => receiver.received.some(r => r.id === id && r.body.includes('"user.created"'))))
+      await page.getByLabel('Status').selectOption('delivered')
+      await page.getByRole('button', { name: 'Apply' }).click()
+      await page.waitForURL(/status=delivered/)
+      await waitFor('the delivery to show as delivered', async () => {
+        await page.reload()
+        return await page.getByRole('region', { name: 'Deliveries' }).locator('tbody tr').count() === 1
+      })
+      await check('webhook-delivered')
+
+      // Disabling asks first; deleting goes through a page that names the URL.
+      await page.getByRole('button', { name: 'Disable' }).click()
+      const dialog = page.getByRole('dialog')
+      await dialog.waitFor()
+      assert.match(await dialog.innerText(), new RegExp(`Disable the endpoint ${hookUrl.replace(/[.]/g, '\\.')}\\?`))
+      await dialog.getByRole('button', { name: 'Disable' }).click()
+      await page.waitForURL(/done=webhook-disabled/)
+      await page.getByRole('link', { name: 'Delete…' }).click()
+      assert.equal(await page.getByRole('heading', { level: 1 }).innerText(), `Delete the endpoint ${hookUrl}?`)
+      await check('webhook-delete')
+      await page.getByRole('button', { name: 'Delete this endpoint' }).click()
+      await page.waitForURL(/done=deleted/)
+      assert.equal(await page.getByRole('status').innerText(), `Deleted the endpoint ${hookUrl}.`)
+      assert.deepEqual(await (await api('/webhooks')).json(), [])
+    } finally {
+      await browser?.close()
+      await app.close()
+      await receiver.close()
     }
   })
 }

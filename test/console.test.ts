@@ -365,3 +365,156 @@ for (const dialect of dialects()) {
     })
   })
 }
+
+for (const dialect of dialects()) {
+  // No delivery worker: nothing is ever sent to these endpoints' public addresses. The SSRF guard is on.
+  describe(`admin console: webhooks over HTTP (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { webhookDelivery: false, webhookAllowPrivate: false })
+    let admin: Person
+    let plain: Person
+    before(async () => {
+      admin = await person(t, 'admin')
+      plain = await person(t, 'user')
+    })
+
+    const hooks = async (): Promise<Array<{ id: string, url: string, enabled: boolean, description: string | null, event_types: string[] }>> =>
+      (await t.app.inject({ url: '/auth/api/webhooks', headers: auth(t.adminKey) })).json()
+    const secretOf = (body: string): string | undefined => /<code id="secret">(whsec_[A-Za-z0-9+/=]+)<\/code>/.exec(body)?.[1]
+
+    it('adds an endpoint from the form, shows its secret once with a Copy button, and lists it', async () => {
+      const url = `https://93.184.215.14/${uniqueName('hook')}`
+      const res = await post(t, admin.cookie, '/auth/admin/webhooks', { url, event_types: 'user.*, api_key.revoked', description: 'pipeline sync' })
+      assert.equal(res.statusCode, 201, res.body)
+      const secret = secretOf(res.body)
+      assert.ok(secret !== undefined, 'the secret is on the page')
+      assert.match(res.body, /<button type="button" data-copy="secret" hidden>Copy<\/button>/)
+      const stored = (await hooks()).find(h => h.url === url)
+      assert.ok(stored !== undefined)
+      assert.deepEqual(stored.event_types, ['user.*', 'api_key.revoked'])
+      assert.equal(stored.description, 'pipeline sync')
+      const created = await eventsOf(t, `type=webhook.created&target_id=${stored.id}`)
+      assert.equal(created.length, 1, 'the same event as the API records')
+
+      const list = await get(t, admin.cookie, '/auth/admin/webhooks')
+      assert.equal(list.statusCode, 200)
+      assert.match(list.body, /<a href="\/auth\/admin\/webhooks" aria-current="page">Webhooks<\/a>/)
+      assert.ok(list.body.includes(`<a href="/auth/admin/webhooks/${stored.id}">${url}</a>`))
+      assert.match(list.body, /<code>user\.\*<\/code>, <code>api_key\.revoked<\/code>/)
+      assert.match(list.body, /pipeline sync/)
+      assert.ok(!list.body.includes(secret), 'the list never shows a secret')
+      const page = await get(t, admin.cookie, `/auth/admin/webhooks/${stored.id}`)
+      assert.equal(page.statusCode, 200)
+      assert.ok(!page.body.includes(secret), 'the endpoint page never shows a secret')
+      assert.match(page.body, /No deliveries\./)
+      assert.match(page.body, /No attempts yet\./)
+    })
+
+    it('shows an internal address, a bad URL and an unknown event type as form errors, keeping what was typed', async () => {
+      const before = (await hooks()).length
+      const ssrf = await post(t, admin.cookie, '/auth/admin/webhooks', { url: 'http://127.0.0.1:6379/', description: 'kept text' })
+      assert.equal(ssrf.statusCode, 422)
+      assert.match(ssrf.body, /id="url"[^>]*aria-invalid="true"/)
+      assert.match(ssrf.body, /<p class="field-error" id="url-error">URL leads to an internal address[^<]*WEBHOOK_ALLOW_PRIVATE/)
+      assert.match(ssrf.body, /value="kept text"/)
+      const scheme = await post(t, admin.cookie, '/auth/admin/webhooks', { url: 'ftp://93.184.215.14/x' })
+      assert.equal(scheme.statusCode, 422)
+      assert.match(scheme.body, /URL must be an http:\/\/ or https:\/\/ URL/)
+      const unknown = await post(t, admin.cookie, '/auth/admin/webhooks', { url: 'https://93.184.215.14/x', event_types: 'user.created, user.exploded' })
+      assert.equal(unknown.statusCode, 422)
+      assert.match(unknown.body, /id="event_types"[^>]*aria-invalid="true"/)
+      assert.match(unknown.body, /Event types is not an event type/)
+      const malformed = await post(t, admin.cookie, '/auth/admin/webhooks', { url: 'https://93.184.215.14/x', event_types: 'USER!' })
+      assert.equal(malformed.statusCode, 422)
+      assert.match(malformed.body, /id="event_types"[^>]*aria-invalid="true"/)
+      assert.equal((await hooks()).length, before, 'nothing was created')
+    })
+
+    it('disables and enables an endpoint, rotates its secret (shown once) and deletes it after a confirmation naming the URL', async () => {
+      const url = `https://93.184.215.14/${uniqueName('life')}`
+      const made = await post(t, admin.cookie, '/auth/admin/webhooks', { url })
+      const first = secretOf(made.body)!
+      const { id } = (await hooks()).find(h => h.url === url)!
+      const page = `/auth/admin/webhooks/${id}`
+
+      const disabled = await post(t, admin.cookie, `${page}/disable`, {})
+      assert.equal(disabled.statusCode, 303)
+      assert.equal(disabled.headers.location, `${page}?done=webhook-disabled`)
+      assert.equal((await hooks()).find(h => h.id === id)!.enabled, false)
+      const shown = await get(t, admin.cookie, String(disabled.headers.location))
+      assert.match(shown.body, /Endpoint disabled/)
+      assert.match(shown.body, /disabled by an admin/)
+      assert.match(shown.body, new RegExp(`action="${page}/enable"`))
+      assert.equal((await post(t, admin.cookie, `${page}/enable`, {})).statusCode, 303)
+      assert.equal((await hooks()).find(h => h.id === id)!.enabled, true)
+
+      const rotated = await post(t, admin.cookie, `${page}/rotate`, {})
+      assert.equal(rotated.statusCode, 200)
+      const second = secretOf(rotated.body)
+      assert.ok(second !== undefined && second !== first, 'a new secret, shown on the answer')
+      assert.match(rotated.body, /also signed with the previous secret until/)
+      assert.equal((await eventsOf(t, `type=webhook.secret_rotated&target_id=${id}`)).length, 1)
+      assert.ok(!(await get(t, admin.cookie, page)).body.includes(second))
+
+      const confirm = await get(t, admin.cookie, `${page}/delete`)
+      assert.equal(confirm.statusCode, 200)
+      assert.ok(confirm.body.includes(`Delete the endpoint ${url}?`), 'the confirmation names the URL')
+      assert.equal((await hooks()).some(h => h.id === id), true, 'opening the confirmation deletes nothing')
+      const deleted = await post(t, admin.cookie, `${page}/delete`, {})
+      assert.equal(deleted.statusCode, 303)
+      assert.equal(deleted.headers.location, `/auth/admin/webhooks?done=deleted&url=${encodeURIComponent(url)}`)
+      assert.equal((await hooks()).some(h => h.id === id), false)
+      assert.match((await get(t, admin.cookie, String(deleted.headers.location))).body, new RegExp(`Deleted the endpoint ${url}`))
+      assert.equal((await get(t, admin.cookie, page)).statusCode, 404)
+    })
+
+    it('refuses webhook form posts from another site (CSRF) and from a non-admin, changing nothing', async () => {
+      const url = `https://93.184.215.14/${uniqueName('csrf')}`
+      for (const headers of [{ origin: 'https://evil.example' }, {}, { 'sec-fetch-site': 'cross-site' }] as Array<Record<string, string>>) {
+        const res = await post(t, admin.cookie, '/auth/admin/webhooks', { url }, headers)
+        assert.equal(res.statusCode, 403, JSON.stringify(headers))
+      }
+      assert.equal((await hooks()).some(h => h.url === url), false)
+      assert.equal((await post(t, admin.cookie, '/auth/admin/webhooks', { url })).statusCode, 201)
+      const { id } = (await hooks()).find(h => h.url === url)!
+      for (const action of ['disable', 'rotate', 'delete', 'ping']) {
+        assert.equal((await post(t, admin.cookie, `/auth/admin/webhooks/${id}/${action}`, {}, { origin: 'https://evil.example' })).statusCode, 403, action)
+        assert.equal((await post(t, plain.cookie, `/auth/admin/webhooks/${id}/${action}`, {})).statusCode, 403, action)
+      }
+      assert.equal((await get(t, plain.cookie, `/auth/admin/webhooks/${id}`)).statusCode, 403)
+      assert.equal((await hooks()).find(h => h.id === id)!.enabled, true)
+      assert.equal((await eventsOf(t, `type=webhook.secret_rotated&target_id=${id}`)).length, 0)
+    })
+
+    it('escapes the URL and description everywhere they are shown', async () => {
+      // The API's URL format admits & and ' but no < > or "; a typed URL with those comes back on the refused form.
+      const url = `https://93.184.215.14/${uniqueName('esc')}?a=1&b='x'`
+      const description = '<b>bold</b> "quoted" </td><script>alert(3)</script>'
+      const made = await post(t, admin.cookie, '/auth/admin/webhooks', { url, description })
+      assert.equal(made.statusCode, 201, made.body)
+      const { id } = (await hooks()).find(h => h.description === description)!
+      const pages = [made.body]
+      for (const path of ['/auth/admin/webhooks', `/auth/admin/webhooks/${id}`, `/auth/admin/webhooks/${id}/delete`]) {
+        const res = await get(t, admin.cookie, path)
+        assert.equal(res.statusCode, 200, path)
+        pages.push(res.body)
+      }
+      pages.push((await post(t, admin.cookie, `/auth/admin/webhooks/${id}/rotate`, {})).body)
+      const refused = await post(t, admin.cookie, '/auth/admin/webhooks', { url: 'http://127.0.0.1/"><script>alert(4)</script>', description })
+      assert.equal(refused.statusCode, 422)
+      pages.push(refused.body)
+      for (const body of pages) {
+        assert.doesNotMatch(body, /<script>|<img|<b>bold/)
+        assert.ok(body.includes('&#60;b&#62;bold&#60;/b&#62;'), 'the description is shown, escaped')
+      }
+      for (const body of pages.slice(0, -1)) {
+        assert.ok(body.includes('?a=1&#38;b=&#39;x&#39;'), 'the URL is shown, escaped')
+        assert.ok(!body.includes('?a=1&b=\'x\''), 'never raw')
+      }
+      assert.ok(refused.body.includes('value="http://127.0.0.1/&#34;&#62;&#60;script&#62;alert(4)&#60;/script&#62;"'), 'the typed URL, escaped')
+      const deleted = await post(t, admin.cookie, `/auth/admin/webhooks/${id}/delete`, {})
+      const notice = await get(t, admin.cookie, String(deleted.headers.location))
+      assert.doesNotMatch(notice.body, /<script>|<img/)
+      assert.match(notice.body, /Deleted the endpoint https:\/\/93\.184\.215\.14/)
+    })
+  })
+}

@@ -5,6 +5,7 @@ import { SCOPES, type Scope } from '../auth/principal.ts'
 import { ApiKeyCreate } from '../api-keys/api-keys.schemas.ts'
 import { ListEventsQuery } from '../events/events.schemas.ts'
 import { ListUsersQuery, UserCreate, UserPatch, type User } from '../users/users.schemas.ts'
+import { ListAttemptsQuery, ListDeliveriesQuery, WebhookCreate } from '../webhooks/webhooks.schemas.ts'
 
 /**
  * The console's forms become the API's own request shapes (UserCreate,
@@ -22,6 +23,9 @@ const checkPatch = ajv.compile(UserPatch)
 const checkKey = ajv.compile(ApiKeyCreate)
 const checkUsersQuery = queryAjv.compile(ListUsersQuery)
 const checkEventsQuery = queryAjv.compile(ListEventsQuery)
+const checkWebhook = ajv.compile(WebhookCreate)
+const checkDeliveriesQuery = queryAjv.compile(ListDeliveriesQuery)
+const checkAttemptsQuery = queryAjv.compile(ListAttemptsQuery)
 
 /** Field name to what is wrong with it. */
 export type FieldErrors = Record<string, string>
@@ -46,7 +50,15 @@ export function parseGroups (value: string): string[] {
   return value.split(/[,\n]/).map(g => g.trim()).filter(g => g !== '')
 }
 
-function describe (error: ErrorObject): string {
+/** What a pattern or format failure means for fields whose rule is not the username's. */
+const PATTERN_TEXT: Record<string, string> = {
+  url: 'must be an http:// or https:// URL',
+  event_types: 'may contain * (every type), an event type such as user.created, or a prefix such as user.* only',
+  description: 'must not contain control characters'
+}
+
+function describe (error: ErrorObject, field: string): string {
+  if ((error.keyword === 'pattern' || error.keyword === 'format') && PATTERN_TEXT[field] !== undefined) return PATTERN_TEXT[field]
   const limit = error.params as { limit?: number, format?: string }
   switch (error.keyword) {
     case 'required': return 'is required'
@@ -68,7 +80,7 @@ function fieldErrors (errors: ErrorObject[] | null | undefined): FieldErrors {
     const name = error.keyword === 'required'
       ? String((error.params as { missingProperty: string }).missingProperty)
       : error.instancePath.split('/')[1] ?? ''
-    if (name !== '' && out[name] === undefined) out[name] = describe(error)
+    if (name !== '' && out[name] === undefined) out[name] = describe(error, name)
   }
   return out
 }
@@ -189,6 +201,23 @@ export function parseKey (fields: Fields): Parsed<ApiKeyCreate> & { expires: str
   return { ok: true, value: input as ApiKeyCreate, expires }
 }
 
+/** What the webhook form was filled with, to show again. */
+export interface WebhookFormValues { url: string, event_types: string, description: string }
+
+export function webhookValuesFrom (fields: Fields): WebhookFormValues {
+  return { url: text(fields, 'url').trim(), event_types: text(fields, 'event_types'), description: text(fields, 'description').trim() }
+}
+
+/** A new endpoint from the form: patterns separated by commas, spaces or new lines; none means every event, as in the API. */
+export function parseWebhook (fields: Fields): Parsed<WebhookCreate> {
+  const values = webhookValuesFrom(fields)
+  const input: Record<string, unknown> = { url: values.url }
+  const types = values.event_types.split(/[\s,]+/).filter(t => t !== '')
+  if (types.length > 0) input.event_types = types
+  if (values.description !== '') input.description = values.description
+  return checkWebhook(input) ? { ok: true, value: input as WebhookCreate } : { ok: false, errors: fieldErrors(checkWebhook.errors) }
+}
+
 function parseQuery<T> (check: ((data: unknown) => boolean) & { errors?: ErrorObject[] | null }, query: unknown, keep: readonly string[]): T {
   const input: Record<string, unknown> = {}
   for (const [name, value] of Object.entries((query ?? {}) as Record<string, unknown>)) {
@@ -211,6 +240,14 @@ export function parseUsersQuery (query: unknown): ListUsersQuery {
 
 export function parseEventsQuery (query: unknown): ListEventsQuery {
   return parseQuery<ListEventsQuery>(checkEventsQuery, query, EVENT_QUERY_FIELDS)
+}
+
+/** An endpoint page's query: the deliveries' filter and page (`status`, `cursor`) and the attempts' page (`attempts_cursor`). */
+export function parseWebhookQuery (query: unknown): { deliveries: ListDeliveriesQuery, attemptsCursor: string | undefined } {
+  const deliveries = parseQuery<ListDeliveriesQuery>(checkDeliveriesQuery, query, ['status', 'cursor'])
+  const attemptsCursor = (query as Record<string, unknown> | undefined)?.attempts_cursor
+  const attempts = parseQuery<ListAttemptsQuery>(checkAttemptsQuery, typeof attemptsCursor === 'string' ? { cursor: attemptsCursor } : {}, ['cursor'])
+  return { deliveries, attemptsCursor: attempts.cursor }
 }
 
 /** Where each error code of the users service belongs on the form. */

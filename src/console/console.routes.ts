@@ -11,6 +11,19 @@ import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { authenticateSession } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
+import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
+import {
+  createWebhook,
+  deleteWebhook,
+  getWebhook,
+  listWebhookAttempts,
+  listWebhookDeliveries,
+  listWebhooks,
+  pingWebhook,
+  retryWebhookDelivery,
+  rotateWebhookSecret,
+  updateWebhook
+} from '../webhooks/webhooks.service.ts'
 import {
   createUser,
   deleteUserById,
@@ -33,9 +46,13 @@ import {
   parseKey,
   parsePatch,
   parseUsersQuery,
+  parseWebhook,
+  parseWebhookQuery,
   text,
+  webhookValuesFrom,
   type FieldErrors,
-  type Fields
+  type Fields,
+  type WebhookFormValues
 } from './console.forms.ts'
 import type { SafeHtml } from './html.ts'
 import {
@@ -43,6 +60,7 @@ import {
   conflictPage,
   deletedNotice,
   deletePage,
+  deleteWebhookPage,
   errorPage,
   eventsPage,
   newUserPage,
@@ -50,6 +68,9 @@ import {
   secretPage,
   userPage,
   usersPage,
+  webhookPage,
+  webhookSecretPage,
+  webhooksPage,
   type UserView,
   type ViewContext
 } from './console.views.ts'
@@ -67,6 +88,8 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 const FORM = ['application/x-www-form-urlencoded']
 const PAGE_SIZE = 50
 const USER_EVENTS = 20
+/** Rows of each list on an endpoint's page. */
+const WEBHOOK_ROWS = 20
 
 /** The message that explains the last-admin rule where it stops an action. */
 function lastAdminText (username: string): string {
@@ -83,7 +106,10 @@ const NOTICES: Record<string, string> = {
   unlocked: 'Sign-in lock reset: the failure count is 0 and the account is not locked.',
   'not-locked': 'There was nothing to reset: the account had no lock and no failed sign-ins counted.',
   'sessions-ended': 'Every session of this user has ended.',
-  revoked: 'Key revoked.'
+  revoked: 'Key revoked.',
+  'webhook-enabled': 'Endpoint enabled: its queued deliveries are sent again.',
+  'webhook-disabled': 'Endpoint disabled: nothing is sent to it; new events still queue for it.',
+  retried: 'Delivery queued: it is sent again shortly.'
 }
 
 declare module 'fastify' {
@@ -339,5 +365,95 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
     const query = parseEventsQuery(request.query)
     const page = await listEventsPage(app.db, { ...query, limit: PAGE_SIZE })
     return sendPage(reply, 200, eventsPage(viewOf(request), page.events, query, page.nextCursor))
+  })
+
+  // -------------------------------------------------------------------------
+  // Webhooks
+
+  const webhooksList = async (request: FastifyRequest, reply: FastifyReply, status: number, form: WebhookFormValues = { url: '', event_types: '', description: '' }, errors: FieldErrors = {}, general?: string): Promise<FastifyReply> => {
+    const q = request.query as Record<string, unknown>
+    const notice = q.done === 'deleted' && typeof q.url === 'string' ? `Deleted the endpoint ${q.url}.` : undefined
+    return sendPage(reply, status, webhooksPage(viewOf(request, notice), await listWebhooks(app.db), form, errors, general))
+  }
+
+  app.get('/admin/webhooks', { schema: hidden }, async (request, reply) => await webhooksList(request, reply, 200))
+
+  app.post('/admin/webhooks', { schema: hidden, ...formPost }, async (request, reply) => {
+    const fields = (request.body ?? {}) as Fields
+    const form = webhookValuesFrom(fields)
+    const parsed = parseWebhook(fields)
+    if (!parsed.ok) return await webhooksList(request, reply, 422, form, parsed.errors)
+    try {
+      const webhook = await createWebhook(app.db, requestContext(request), app.config, parsed.value)
+      return sendPage(reply, 201, webhookSecretPage(viewOf(request), webhook, false))
+    } catch (error) {
+      if (!(error instanceof AppError)) throw error
+      // The service's refusals (an internal address, an unknown event type) belong next to their field.
+      const first = error.errors?.[0]
+      if (first?.pointer !== undefined) return await webhooksList(request, reply, error.status, form, { [first.pointer.split('/')[1]!]: first.detail })
+      if (error.status === 409) return await webhooksList(request, reply, 409, form, {}, error.detail)
+      throw error
+    }
+  })
+
+  const webhookRoute = { schema: { ...hidden, params: WebhookIdParams } }
+  type WebhookRequest = FastifyRequest<{ Params: { webhook_id: string } }>
+
+  const renderWebhook = async (request: WebhookRequest, reply: FastifyReply, status: number, ping?: WebhookTestResult): Promise<FastifyReply> => {
+    const id = request.params.webhook_id
+    const q = request.query as Record<string, unknown>
+    const query = parseWebhookQuery(q)
+    const [webhook, deliveries, attempts] = await Promise.all([
+      getWebhook(app.db, id),
+      listWebhookDeliveries(app.db, id, { ...query.deliveries, limit: WEBHOOK_ROWS }),
+      listWebhookAttempts(app.db, id, { limit: WEBHOOK_ROWS, ...(query.attemptsCursor !== undefined ? { cursor: query.attemptsCursor } : {}) })
+    ])
+    const notice = typeof q.done === 'string' ? NOTICES[q.done] : undefined
+    return sendPage(reply, status, webhookPage(viewOf(request, notice), {
+      webhook,
+      deliveries: deliveries.deliveries,
+      status: query.deliveries.status,
+      cursor: query.deliveries.cursor,
+      nextCursor: deliveries.nextCursor,
+      attempts: attempts.attempts,
+      attemptsCursor: query.attemptsCursor,
+      nextAttemptsCursor: attempts.nextCursor,
+      ping
+    }))
+  }
+
+  app.get('/admin/webhooks/:webhook_id', webhookRoute, async (request: WebhookRequest, reply) => await renderWebhook(request, reply, 200))
+
+  for (const [action, enabled] of [['enable', true], ['disable', false]] as const) {
+    app.post(`/admin/webhooks/:webhook_id/${action}`, { ...webhookRoute, ...formPost }, async (request: WebhookRequest, reply) => {
+      await updateWebhook(app.db, requestContext(request), app.config, request.params.webhook_id, { enabled })
+      return await seeOther(reply, `${admin}/webhooks/${request.params.webhook_id}?done=webhook-${action}d`)
+    })
+  }
+
+  app.post('/admin/webhooks/:webhook_id/rotate', { ...webhookRoute, ...formPost }, async (request: WebhookRequest, reply) => {
+    const webhook = await rotateWebhookSecret(app.db, requestContext(request), app.config, request.params.webhook_id)
+    return sendPage(reply, 200, webhookSecretPage(viewOf(request), webhook, true))
+  })
+
+  // The answer is shown on the endpoint's page itself: a ping is not stored anywhere a redirect could find it.
+  app.post('/admin/webhooks/:webhook_id/ping', { ...webhookRoute, ...formPost }, async (request: WebhookRequest, reply) => {
+    const result = await pingWebhook(app.db, requestContext(request), app.webhooks.sender, request.params.webhook_id)
+    return await renderWebhook(request, reply, 200, result)
+  })
+
+  app.get('/admin/webhooks/:webhook_id/delete', webhookRoute, async (request: WebhookRequest, reply) => {
+    return sendPage(reply, 200, deleteWebhookPage(viewOf(request), await getWebhook(app.db, request.params.webhook_id)))
+  })
+
+  app.post('/admin/webhooks/:webhook_id/delete', { ...webhookRoute, ...formPost }, async (request: WebhookRequest, reply) => {
+    const { url } = await getWebhook(app.db, request.params.webhook_id)
+    await deleteWebhook(app.db, requestContext(request), request.params.webhook_id)
+    return await seeOther(reply, `${admin}/webhooks?done=deleted&url=${encodeURIComponent(url)}`)
+  })
+
+  app.post('/admin/webhooks/:webhook_id/deliveries/:event_id/retry', { schema: { ...hidden, params: WebhookDeliveryParams }, ...formPost }, async (request: FastifyRequest<{ Params: { webhook_id: string, event_id: string } }>, reply) => {
+    await retryWebhookDelivery(app.db, app.config, request.params.webhook_id, request.params.event_id)
+    return await seeOther(reply, `${admin}/webhooks/${request.params.webhook_id}?done=retried`)
   })
 }

@@ -4,7 +4,8 @@ import { roleNameProblem } from '../cli/pg-role.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
 import type { SignInState } from '../users/users.service.ts'
-import { changedFields, formValuesOf, type FieldErrors, type UserFormValues } from './console.forms.ts'
+import type { Webhook, WebhookAttempt, WebhookDelivery, WebhookTestResult, WebhookWithSecret } from '../webhooks/webhooks.schemas.ts'
+import { changedFields, formValuesOf, type FieldErrors, type UserFormValues, type WebhookFormValues } from './console.forms.ts'
 import { html, queryOf, type SafeHtml } from './html.ts'
 
 /** What every page needs to know: where it is served and who is looking. */
@@ -16,14 +17,14 @@ export interface ViewContext {
   notice?: SafeHtml | string | undefined
 }
 
-type Section = 'users' | 'api-keys' | 'events' | undefined
+type Section = 'users' | 'api-keys' | 'events' | 'webhooks' | undefined
 
 export function layout (ctx: ViewContext, title: string, section: Section, body: SafeHtml): string {
   const admin = `${ctx.base}/admin`
   const link = (href: string, name: string, key: Section): SafeHtml =>
     html`<li><a href="${href}"${section === key ? html` aria-current="page"` : ''}>${name}</a></li>`
   const header = ctx.username !== undefined
-    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}</ul></nav>
+    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}</ul></nav>
 <div class="who"><span>Signed in as <strong>${ctx.username}</strong></span>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form></div>`
     : ''
@@ -71,7 +72,7 @@ ${error !== undefined ? html`<p class="field-error" id="${name}-error">${label} 
 }
 
 const LABELS: Record<string, string> = {
-  username: 'Username', email: 'Email', first_name: 'First name', last_name: 'Last name', groups: 'Groups', role: 'Role', password: 'Password', disabled: 'Disabled', name: 'Name', expires_at: 'Expires', scopes: 'Scopes'
+  username: 'Username', email: 'Email', first_name: 'First name', last_name: 'Last name', groups: 'Groups', role: 'Role', password: 'Password', disabled: 'Disabled', name: 'Name', expires_at: 'Expires', scopes: 'Scopes', url: 'URL', event_types: 'Event types', description: 'Description'
 }
 
 function errorSummary (errors: FieldErrors, general: string | undefined): SafeHtml {
@@ -406,6 +407,188 @@ ${query.cursor !== undefined ? html`<a href="${page}${queryOf(filters)}">Newest<
 ${nextCursor !== undefined ? html`<a href="${page}${queryOf({ ...filters, cursor: nextCursor })}" rel="next">Older events</a>` : ''}
 </nav>`
   return layout(ctx, 'Events', 'events', body)
+}
+
+// ---------------------------------------------------------------------------
+// Webhooks
+
+const DISABLED_REASONS: Record<string, string> = {
+  manual: 'disabled by an admin',
+  gone: 'disabled: the receiver answered 410 Gone',
+  failing: 'disabled: it kept failing for longer than the retry horizon'
+}
+
+function webhookStatus (webhook: Webhook): SafeHtml {
+  if (!webhook.enabled) return html`<span class="badge off">disabled</span> <span class="muted">${DISABLED_REASONS[webhook.disabled_reason ?? 'manual'] ?? ''}</span>`
+  return webhook.failing_since !== null ? html`enabled <span class="badge locked">failing</span>` : html`enabled`
+}
+
+function eventTypesOf (webhook: Webhook): SafeHtml[] {
+  return webhook.event_types.map((t, i) => html`${i > 0 ? ', ' : ''}<code>${t}</code>`)
+}
+
+export function webhooksPage (ctx: ViewContext, webhooks: Webhook[], form: WebhookFormValues, errors: FieldErrors, general?: string): string {
+  const page = `${ctx.base}/admin/webhooks`
+  const rows = webhooks.map(w => html`<tr>
+<td data-label="URL" class="data"><a href="${page}/${w.id}">${w.url}</a></td>
+<td data-label="Event types">${eventTypesOf(w)}</td>
+<td data-label="Status">${webhookStatus(w)}</td>
+<td data-label="Failing since">${w.failing_since === null ? html`<span class="muted">—</span>` : date(w.failing_since)}</td>
+<td data-label="Description" class="data">${w.description ?? ''}</td>
+<td data-label="Created">${date(w.created_at)}</td>
+</tr>`)
+  const body = html`<h1>Webhooks</h1>
+<p>Endpoints that receive events as signed HTTP posts (Standard Webhooks). See docs/webhooks.md for the format and how to verify a signature.</p>
+<section class="panel" aria-labelledby="new-webhook"><h2 id="new-webhook">Add an endpoint</h2>
+${errorSummary(errors, general)}
+<form method="post" action="${page}" novalidate>
+${input('url', 'URL', form.url, errors, { type: 'url', required: true, autocomplete: 'off', hint: 'Where deliveries are posted: http or https. Internal addresses (loopback, private networks) are refused unless WEBHOOK_ALLOW_PRIVATE is set.' })}
+<div class="grid">
+${input('event_types', 'Event types', form.event_types, errors, { autocomplete: 'off', hint: 'Separated by commas: exact types (user.created), a prefix (user.*), or * for every event. Empty: every event.' })}
+${input('description', 'Description', form.description, errors, { autocomplete: 'off', hint: 'What the endpoint is for.' })}
+</div>
+<button type="submit">Add endpoint</button>
+</form></section>
+<h2>Endpoints</h2>
+${webhooks.length === 0
+  ? html`<p class="panel">No endpoints yet.</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Webhook endpoints" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Webhook endpoints, oldest first</caption>
+<thead><tr><th scope="col">URL</th><th scope="col">Event types</th><th scope="col">Status</th><th scope="col">Failing since</th><th scope="col">Description</th><th scope="col">Created</th></tr></thead>
+<tbody>${rows}</tbody></table></div>`}`
+  return layout(ctx, 'Webhooks', 'webhooks', body)
+}
+
+export function webhookSecretPage (ctx: ViewContext, webhook: WebhookWithSecret, rotated: boolean): string {
+  const page = `${ctx.base}/admin/webhooks/${webhook.id}`
+  const body = html`<h1>${rotated ? 'New signing secret' : 'Endpoint added'}</h1>
+<div class="warning" role="alert"><strong>Copy the signing secret now.</strong> It is shown only this once; the receiver needs it to verify signatures. ${rotated && webhook.previous_secret_expires_at !== null ? html`Deliveries are also signed with the previous secret until ${date(webhook.previous_secret_expires_at)}.` : ''}</div>
+<section class="panel" aria-labelledby="secret-label">
+<p id="secret-label"><strong>Signing secret</strong></p>
+<div class="secret"><code id="secret">${webhook.secret}</code><button type="button" data-copy="secret" hidden>Copy</button></div>
+<dl class="facts">
+<dt>URL</dt><dd>${webhook.url}</dd>
+${webhook.description !== null ? html`<dt>Description</dt><dd>${webhook.description}</dd>` : ''}
+<dt>Event types</dt><dd>${eventTypesOf(webhook)}</dd>
+<dt>ID</dt><dd><code>${webhook.id}</code></dd>
+</dl>
+</section>
+<p><a href="${page}">Open the endpoint</a> · <a href="${ctx.base}/admin/webhooks">Back to the webhooks</a></p>`
+  return layout(ctx, 'Webhook secret', 'webhooks', body)
+}
+
+export interface WebhookView {
+  webhook: Webhook
+  deliveries: WebhookDelivery[]
+  status: string | undefined
+  cursor: string | undefined
+  nextCursor: string | undefined
+  attempts: WebhookAttempt[]
+  attemptsCursor: string | undefined
+  nextAttemptsCursor: string | undefined
+  /** The answer to a ping sent just now. */
+  ping?: WebhookTestResult | undefined
+}
+
+function outcome (status: string): SafeHtml {
+  return status === 'delivered' ? html`delivered` : status === 'failed' ? html`<span class="badge off">failed</span>` : html`<span class="badge locked">pending</span>`
+}
+
+function pingResult (ping: WebhookTestResult): SafeHtml {
+  const answer = ping.status_code !== null ? `answered ${ping.status_code}` : 'got no answer'
+  return ping.ok
+    ? html`<div class="notice" role="status" id="ping-result"><strong>Ping delivered:</strong> the receiver ${answer} in ${ping.latency_ms} ms (webhook-id <code>${ping.webhook_id}</code>).</div>`
+    : html`<div class="error" role="alert" id="ping-result"><strong>Ping failed:</strong> the receiver ${answer} after ${ping.latency_ms} ms${ping.error !== null ? html`: ${ping.error}` : ''} (webhook-id <code>${ping.webhook_id}</code>).</div>`
+}
+
+export function webhookPage (ctx: ViewContext, view: WebhookView): string {
+  const { webhook } = view
+  const url = `${ctx.base}/admin/webhooks/${webhook.id}`
+  const statuses = [['', 'Any'], ['pending', 'Pending'], ['delivered', 'Delivered'], ['failed', 'Failed']] as const
+  const deliveryRows = view.deliveries.map(d => html`<tr>
+<td data-label="Event"><code>${d.event_type ?? 'deleted event'}</code><br><code>${d.event_id}</code></td>
+<td data-label="Status">${outcome(d.status)}</td>
+<td data-label="Attempts">${d.attempts}</td>
+<td data-label="Last attempt">${date(d.last_attempt_at)}${d.last_status_code !== null ? html`<br>answered ${d.last_status_code}` : ''}${d.last_error !== null ? html`<br><span class="muted">${d.last_error}</span>` : ''}</td>
+<td data-label="Next attempt">${d.next_attempt_at === null ? html`<span class="muted">—</span>` : date(d.next_attempt_at)}</td>
+<td data-label="Actions">${d.status !== 'delivered'
+  ? html`<form method="post" action="${url}/deliveries/${d.event_id}/retry"><button type="submit" class="secondary" aria-label="Retry ${d.event_type ?? ''} ${d.event_id}">Retry</button></form>`
+  : ''}</td>
+</tr>`)
+  const attemptRows = view.attempts.map(a => html`<tr>
+<td data-label="When">${date(a.attempted_at)}</td>
+<td data-label="Event"><code>${a.event_type ?? 'deleted event'}</code><br><code>${a.event_id}</code></td>
+<td data-label="Outcome">${a.succeeded ? 'succeeded' : html`<span class="badge off">failed</span>`}</td>
+<td data-label="Status code">${a.status_code ?? html`<span class="muted">none</span>`}</td>
+<td data-label="Latency">${a.latency_ms} ms</td>
+<td data-label="Error" class="data">${a.error ?? ''}</td>
+<td data-label="Next attempt">${a.next_attempt_at === null ? html`<span class="muted">—</span>` : date(a.next_attempt_at)}</td>
+</tr>`)
+  const body = html`<h1>${webhook.url} ${webhook.enabled ? '' : html`<span class="badge off">disabled</span>`}</h1>
+${view.ping !== undefined ? pingResult(view.ping) : ''}
+<section class="panel" aria-labelledby="facts-title"><h2 id="facts-title">Endpoint</h2>
+<dl class="facts">
+<dt>URL</dt><dd>${webhook.url}</dd>
+<dt>Description</dt><dd>${webhook.description ?? html`<span class="muted">none</span>`}</dd>
+<dt>Event types</dt><dd>${eventTypesOf(webhook)}</dd>
+<dt>Status</dt><dd>${webhookStatus(webhook)}</dd>
+<dt>Failing since</dt><dd>${webhook.failing_since === null ? 'not failing' : date(webhook.failing_since)}</dd>
+<dt>Previous secret</dt><dd>${webhook.previous_secret_expires_at === null ? 'none' : html`also signs until ${date(webhook.previous_secret_expires_at)}`}</dd>
+<dt>ID</dt><dd><code>${webhook.id}</code></dd>
+<dt>Created</dt><dd>${date(webhook.created_at)}</dd>
+</dl></section>
+<section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2>
+<div class="actions">
+<form method="post" action="${url}/ping"><button type="submit">Send a test ping</button></form>
+${webhook.enabled
+  ? html`<form method="post" action="${url}/disable" data-confirm="Disable the endpoint ${webhook.url}? Nothing is sent to it until it is enabled again; new events still queue." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`
+  : html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`}
+<form method="post" action="${url}/rotate" data-confirm="Rotate the signing secret of ${webhook.url}? The new secret is shown once." data-confirm-label="Rotate"><button type="submit" class="secondary">Rotate secret</button></form>
+<a class="button danger" href="${url}/delete">Delete…</a>
+</div>
+<p class="hint">The ping is a signed <code>webhook.ping</code> sent now; it is not queued, retried or listed below. Disabling keeps queuing events; enabling sends them. After a rotation the old secret also signs deliveries for a while, so the receiver can switch.</p>
+</section>
+<section><h2 id="deliveries-title">Deliveries</h2>
+<form class="panel filters" method="get" action="${url}" aria-label="Filter deliveries">
+<div class="field"><label for="status">Status</label><select id="status" name="status">${options(statuses, view.status ?? '')}</select></div>
+<div class="field actions"><button type="submit">Apply</button>${view.status !== undefined ? html`<a href="${url}">Clear</a>` : ''}</div>
+</form>
+${view.deliveries.length === 0
+  ? html`<p class="panel">No deliveries${view.status !== undefined ? ` with status ${view.status}` : ''}.</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Deliveries" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Deliveries, newest event first</caption>
+<thead><tr><th scope="col">Event</th><th scope="col">Status</th><th scope="col">Attempts</th><th scope="col">Last attempt</th><th scope="col">Next attempt</th><th scope="col">Actions</th></tr></thead>
+<tbody>${deliveryRows}</tbody></table></div>`}
+<nav class="pager" aria-label="Delivery pages">
+${view.cursor !== undefined ? html`<a href="${url}${queryOf({ status: view.status })}">Newest deliveries</a>` : ''}
+${view.nextCursor !== undefined ? html`<a href="${url}${queryOf({ status: view.status, cursor: view.nextCursor })}" rel="next">Older deliveries</a>` : ''}
+</nav>
+</section>
+<section><h2 id="attempts-title">Recent attempts</h2>
+${view.attempts.length === 0
+  ? html`<p class="panel">No attempts yet.</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Attempts" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Delivery attempts, newest first</caption>
+<thead><tr><th scope="col">When</th><th scope="col">Event</th><th scope="col">Outcome</th><th scope="col">Status code</th><th scope="col">Latency</th><th scope="col">Error</th><th scope="col">Next attempt</th></tr></thead>
+<tbody>${attemptRows}</tbody></table></div>`}
+<nav class="pager" aria-label="Attempt pages">
+${view.attemptsCursor !== undefined ? html`<a href="${url}${queryOf({ status: view.status, cursor: view.cursor })}">Newest attempts</a>` : ''}
+${view.nextAttemptsCursor !== undefined ? html`<a href="${url}${queryOf({ status: view.status, cursor: view.cursor, attempts_cursor: view.nextAttemptsCursor })}">Older attempts</a>` : ''}
+</nav>
+</section>`
+  return layout(ctx, `Webhook ${webhook.url}`, 'webhooks', body)
+}
+
+export function deleteWebhookPage (ctx: ViewContext, webhook: Webhook): string {
+  const url = `${ctx.base}/admin/webhooks/${webhook.id}`
+  const body = html`<h1>Delete the endpoint ${webhook.url}?</h1>
+<section class="panel">
+<p>This deletes the webhook endpoint <strong class="wrap">${webhook.url}</strong>${webhook.description !== null ? html` (${webhook.description})` : ''}, id <code>${webhook.id}</code>, with its queued deliveries and attempt history. Deliveries already in flight may still arrive. It cannot be undone; the event log keeps a record.</p>
+<form method="post" action="${url}/delete" class="actions">
+<button type="submit" class="danger">Delete this endpoint</button>
+<a href="${url}">Cancel</a>
+</form></section>`
+  return layout(ctx, 'Delete a webhook endpoint', 'webhooks', body)
 }
 
 // ---------------------------------------------------------------------------
