@@ -8,6 +8,7 @@ import {
   SqliteDialect,
   sql,
   type ColumnType,
+  type RawBuilder,
   type PostgresPool,
   type PostgresPoolClient,
   type SqliteDatabase
@@ -228,6 +229,20 @@ export function dialectOf (db: Kysely<any>): DialectName {
 
 export function isPostgres (db: Kysely<any>): boolean {
   return dialectOf(db) === 'postgres'
+}
+
+/**
+ * The column types the migrations write: the native type on PostgreSQL, and
+ * on SQLite, which has no uuid, timestamptz, jsonb or boolean, text and integer.
+ */
+export function columnTypes (db: Kysely<any>): { uuid: RawBuilder<unknown>, ts: RawBuilder<unknown>, json: RawBuilder<unknown>, bool: RawBuilder<unknown> } {
+  const pg = isPostgres(db)
+  return {
+    uuid: sql.raw(pg ? 'uuid' : 'text'),
+    ts: sql.raw(pg ? 'timestamptz' : 'text'),
+    json: sql.raw(pg ? 'jsonb' : 'text'),
+    bool: sql.raw(pg ? 'boolean' : 'integer')
+  }
 }
 
 export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'>): Db {

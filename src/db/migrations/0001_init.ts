@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely'
-import { isPostgres } from '../database.ts'
+import { columnTypes } from '../database.ts'
 
 /**
  * One migration for both engines: column types differ only where SQLite has no
@@ -7,14 +7,10 @@ import { isPostgres } from '../database.ts'
  * promises (case-insensitive uniqueness, one digest per key) is an index here.
  */
 export async function up (db: Kysely<any>): Promise<void> {
-  const pg = isPostgres(db)
-  const uuid = pg ? 'uuid' : 'text'
-  const ts = pg ? 'timestamptz' : 'text'
-  const json = pg ? 'jsonb' : 'text'
-  const bool = pg ? 'boolean' : 'integer'
+  const { uuid, ts, json, bool } = columnTypes(db)
 
   await db.schema.createTable('users')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
+    .addColumn('id', uuid, c => c.primaryKey())
     .addColumn('username', 'text', c => c.notNull())
     .addColumn('username_key', 'text', c => c.notNull())
     .addColumn('email', 'text')
@@ -22,14 +18,14 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('first_name', 'text')
     .addColumn('last_name', 'text')
     .addColumn('role', 'text', c => c.notNull().check(sql`role in ('admin', 'user')`))
-    .addColumn('groups', sql.raw(json), c => c.notNull())
-    .addColumn('disabled', sql.raw(bool), c => c.notNull())
+    .addColumn('groups', json, c => c.notNull())
+    .addColumn('disabled', bool, c => c.notNull())
     .addColumn('password_hash', 'text')
     .addColumn('version', 'integer', c => c.notNull())
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('updated_at', sql.raw(ts), c => c.notNull())
-    .addColumn('last_login_at', sql.raw(ts))
-    .addColumn('password_changed_at', sql.raw(ts))
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('updated_at', ts, c => c.notNull())
+    .addColumn('last_login_at', ts)
+    .addColumn('password_changed_at', ts)
     .execute()
   await db.schema.createIndex('users_username_key_unique').on('users').column('username_key').unique().execute()
   await db.schema.createIndex('users_email_key_unique').on('users').column('email_key').unique().execute()
@@ -38,33 +34,33 @@ export async function up (db: Kysely<any>): Promise<void> {
   await db.schema.createIndex('users_role_idx').on('users').columns(['role', 'disabled']).execute()
 
   await db.schema.createTable('api_keys')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
+    .addColumn('id', uuid, c => c.primaryKey())
     .addColumn('name', 'text', c => c.notNull())
     .addColumn('prefix', 'text', c => c.notNull())
     .addColumn('digest', 'text', c => c.notNull())
-    .addColumn('scopes', sql.raw(json), c => c.notNull())
-    .addColumn('user_id', sql.raw(uuid), c => c.references('users.id').onDelete('cascade'))
+    .addColumn('scopes', json, c => c.notNull())
+    .addColumn('user_id', uuid, c => c.references('users.id').onDelete('cascade'))
     .addColumn('created_by_type', 'text', c => c.notNull())
     .addColumn('created_by_id', 'text')
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('expires_at', sql.raw(ts))
-    .addColumn('last_used_at', sql.raw(ts))
-    .addColumn('revoked_at', sql.raw(ts))
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('expires_at', ts)
+    .addColumn('last_used_at', ts)
+    .addColumn('revoked_at', ts)
     .execute()
   await db.schema.createIndex('api_keys_digest_unique').on('api_keys').column('digest').unique().execute()
   await db.schema.createIndex('api_keys_user_id_idx').on('api_keys').column('user_id').execute()
 
   await db.schema.createTable('events')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
+    .addColumn('id', uuid, c => c.primaryKey())
     .addColumn('type', 'text', c => c.notNull())
-    .addColumn('occurred_at', sql.raw(ts), c => c.notNull())
+    .addColumn('occurred_at', ts, c => c.notNull())
     .addColumn('actor_type', 'text', c => c.notNull())
     .addColumn('actor_id', 'text')
     .addColumn('target_type', 'text')
     .addColumn('target_id', 'text')
     .addColumn('request_id', 'text')
     .addColumn('client_ip', 'text')
-    .addColumn('data', sql.raw(json), c => c.notNull())
+    .addColumn('data', json, c => c.notNull())
     .execute()
   await db.schema.createIndex('events_type_idx').on('events').columns(['type', 'id']).execute()
   await db.schema.createIndex('events_target_idx').on('events').columns(['target_id', 'id']).execute()

@@ -1,5 +1,5 @@
-import { sql, type Kysely } from 'kysely'
-import { isPostgres } from '../database.ts'
+import type { Kysely } from 'kysely'
+import { columnTypes } from '../database.ts'
 
 /**
  * The addresses each user signed in from, and when last: a sign-in from one
@@ -8,13 +8,11 @@ import { isPostgres } from '../database.ts'
  * however many failed attempts an attacker has made the event log record.
  */
 export async function up (db: Kysely<any>): Promise<void> {
-  const pg = isPostgres(db)
-  const uuid = pg ? 'uuid' : 'text'
-  const ts = pg ? 'timestamptz' : 'text'
+  const { uuid, ts } = columnTypes(db)
   await db.schema.createTable('sign_in_addresses')
-    .addColumn('user_id', sql.raw(uuid), c => c.notNull().references('users.id').onDelete('cascade'))
+    .addColumn('user_id', uuid, c => c.notNull().references('users.id').onDelete('cascade'))
     .addColumn('client_ip', 'text', c => c.notNull())
-    .addColumn('last_sign_in_at', sql.raw(ts), c => c.notNull())
+    .addColumn('last_sign_in_at', ts, c => c.notNull())
     .addPrimaryKeyConstraint('sign_in_addresses_pk', ['user_id', 'client_ip'])
     .execute()
   await db.schema.createIndex('sign_in_addresses_last_idx').on('sign_in_addresses').column('last_sign_in_at').execute()

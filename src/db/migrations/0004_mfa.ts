@@ -1,5 +1,5 @@
 import { sql, type Kysely } from 'kysely'
-import { isPostgres } from '../database.ts'
+import { columnTypes, isPostgres } from '../database.ts'
 
 /**
  * Second factors: an authenticator app's TOTP secret (encrypted), passkeys,
@@ -9,69 +9,66 @@ import { isPostgres } from '../database.ts'
  */
 export async function up (db: Kysely<any>): Promise<void> {
   const pg = isPostgres(db)
-  const uuid = pg ? 'uuid' : 'text'
-  const ts = pg ? 'timestamptz' : 'text'
-  const json = pg ? 'jsonb' : 'text'
-  const bool = pg ? 'boolean' : 'integer'
+  const { uuid, ts, json, bool } = columnTypes(db)
 
   await db.schema.createTable('totp_factors')
-    .addColumn('user_id', sql.raw(uuid), c => c.primaryKey().references('users.id').onDelete('cascade'))
+    .addColumn('user_id', uuid, c => c.primaryKey().references('users.id').onDelete('cascade'))
     // AES-256-GCM under MFA_ENCRYPTION_KEY (see mfa/secret-box.ts); never the plain secret.
     .addColumn('secret', 'text', c => c.notNull())
     // Null while enrolment waits for its first code.
-    .addColumn('confirmed_at', sql.raw(ts))
+    .addColumn('confirmed_at', ts)
     // The RFC 6238 time step of the last accepted code: a code is accepted once, and never an older one.
     .addColumn('last_time_step', 'bigint')
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
+    .addColumn('created_at', ts, c => c.notNull())
     .execute()
 
   await db.schema.createTable('recovery_codes')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
-    .addColumn('user_id', sql.raw(uuid), c => c.notNull().references('users.id').onDelete('cascade'))
+    .addColumn('id', uuid, c => c.primaryKey())
+    .addColumn('user_id', uuid, c => c.notNull().references('users.id').onDelete('cascade'))
     // SHA-256 of the normalised code, hex.
     .addColumn('digest', 'text', c => c.notNull())
-    .addColumn('used_at', sql.raw(ts))
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
+    .addColumn('used_at', ts)
+    .addColumn('created_at', ts, c => c.notNull())
     .execute()
   await db.schema.createIndex('recovery_codes_user_digest_idx').on('recovery_codes').columns(['user_id', 'digest']).execute()
 
   await db.schema.createTable('passkeys')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
-    .addColumn('user_id', sql.raw(uuid), c => c.notNull().references('users.id').onDelete('cascade'))
+    .addColumn('id', uuid, c => c.primaryKey())
+    .addColumn('user_id', uuid, c => c.notNull().references('users.id').onDelete('cascade'))
     // base64url, as WebAuthn names the credential.
     .addColumn('credential_id', 'text', c => c.notNull())
     // The COSE public key, base64url.
     .addColumn('public_key', 'text', c => c.notNull())
     .addColumn('sign_count', 'bigint', c => c.notNull())
-    .addColumn('transports', sql.raw(json), c => c.notNull())
+    .addColumn('transports', json, c => c.notNull())
     .addColumn('name', 'text', c => c.notNull())
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('last_used_at', sql.raw(ts))
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('last_used_at', ts)
     .execute()
   await db.schema.createIndex('passkeys_credential_id_unique').on('passkeys').column('credential_id').unique().execute()
   await db.schema.createIndex('passkeys_user_id_idx').on('passkeys').column('user_id').execute()
 
   await db.schema.createTable('mfa_challenges')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
+    .addColumn('id', uuid, c => c.primaryKey())
     // 'sign_in': the second step after a password; 'register': a passkey being added;
     // 'passkey': passwordless sign-in, which has no user until the assertion names one.
     .addColumn('purpose', 'text', c => c.notNull().check(sql`purpose in ('sign_in', 'register', 'passkey')`))
     // SHA-256 of the challenge token given to the client (sign_in only); the token itself is never stored.
     .addColumn('digest', 'text')
-    .addColumn('user_id', sql.raw(uuid), c => c.references('users.id').onDelete('cascade'))
+    .addColumn('user_id', uuid, c => c.references('users.id').onDelete('cascade'))
     // The WebAuthn challenge, base64url, once options were asked for.
     .addColumn('webauthn_challenge', 'text')
     // The user must enrol a factor before the sign-in completes (MFA_REQUIRED).
-    .addColumn('enrol', sql.raw(bool), c => c.notNull())
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('expires_at', sql.raw(ts), c => c.notNull())
-    .addColumn('used_at', sql.raw(ts))
+    .addColumn('enrol', bool, c => c.notNull())
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('expires_at', ts, c => c.notNull())
+    .addColumn('used_at', ts)
     .execute()
   await db.schema.createIndex('mfa_challenges_digest_unique').on('mfa_challenges').column('digest').unique().execute()
   await db.schema.createIndex('mfa_challenges_webauthn_idx').on('mfa_challenges').column('webauthn_challenge').execute()
   await db.schema.createIndex('mfa_challenges_expires_idx').on('mfa_challenges').column('expires_at').execute()
 
-  await db.schema.alterTable('sessions').addColumn('mfa', sql.raw(bool), c => c.notNull().defaultTo(pg ? sql`false` : 0)).execute()
+  await db.schema.alterTable('sessions').addColumn('mfa', bool, c => c.notNull().defaultTo(pg ? sql`false` : 0)).execute()
 }
 
 export async function down (db: Kysely<any>): Promise<void> {

@@ -1,44 +1,40 @@
 import { sql, type Kysely } from 'kysely'
-import { isPostgres } from '../database.ts'
+import { columnTypes } from '../database.ts'
 
 /** Webhooks: endpoints, the delivery outbox (written with each event) and the attempt history. */
 export async function up (db: Kysely<any>): Promise<void> {
-  const pg = isPostgres(db)
-  const uuid = pg ? 'uuid' : 'text'
-  const ts = pg ? 'timestamptz' : 'text'
-  const json = pg ? 'jsonb' : 'text'
-  const bool = pg ? 'boolean' : 'integer'
+  const { uuid, ts, json, bool } = columnTypes(db)
 
   await db.schema.createTable('webhook_endpoints')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
+    .addColumn('id', uuid, c => c.primaryKey())
     .addColumn('url', 'text', c => c.notNull())
     .addColumn('description', 'text')
-    .addColumn('event_types', sql.raw(json), c => c.notNull())
-    .addColumn('event_patterns', sql.raw(json), c => c.notNull())
-    .addColumn('enabled', sql.raw(bool), c => c.notNull())
+    .addColumn('event_types', json, c => c.notNull())
+    .addColumn('event_patterns', json, c => c.notNull())
+    .addColumn('enabled', bool, c => c.notNull())
     .addColumn('disabled_reason', 'text')
     .addColumn('secret', 'text', c => c.notNull())
     .addColumn('previous_secret', 'text')
-    .addColumn('previous_secret_expires_at', sql.raw(ts))
-    .addColumn('failing_since', sql.raw(ts))
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('updated_at', sql.raw(ts), c => c.notNull())
+    .addColumn('previous_secret_expires_at', ts)
+    .addColumn('failing_since', ts)
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('updated_at', ts, c => c.notNull())
     .execute()
 
   await db.schema.createTable('webhook_deliveries')
-    .addColumn('endpoint_id', sql.raw(uuid), c => c.notNull().references('webhook_endpoints.id').onDelete('cascade'))
-    .addColumn('event_id', sql.raw(uuid), c => c.notNull())
+    .addColumn('endpoint_id', uuid, c => c.notNull().references('webhook_endpoints.id').onDelete('cascade'))
+    .addColumn('event_id', uuid, c => c.notNull())
     .addColumn('status', 'text', c => c.notNull().check(sql`status in ('pending', 'delivered', 'failed')`))
     .addColumn('attempts', 'integer', c => c.notNull())
-    .addColumn('next_attempt_at', sql.raw(ts), c => c.notNull())
-    .addColumn('give_up_at', sql.raw(ts))
-    .addColumn('locked_until', sql.raw(ts))
+    .addColumn('next_attempt_at', ts, c => c.notNull())
+    .addColumn('give_up_at', ts)
+    .addColumn('locked_until', ts)
     .addColumn('lock_token', 'text')
-    .addColumn('last_attempt_at', sql.raw(ts))
+    .addColumn('last_attempt_at', ts)
     .addColumn('last_status_code', 'integer')
     .addColumn('last_error', 'text')
-    .addColumn('created_at', sql.raw(ts), c => c.notNull())
-    .addColumn('delivered_at', sql.raw(ts))
+    .addColumn('created_at', ts, c => c.notNull())
+    .addColumn('delivered_at', ts)
     // Newest first per endpoint is event_id descending: event ids are time-ordered.
     .addPrimaryKeyConstraint('webhook_deliveries_pk', ['endpoint_id', 'event_id'])
     .execute()
@@ -50,15 +46,15 @@ export async function up (db: Kysely<any>): Promise<void> {
     .column('endpoint_id').where(sql.ref('status'), '=', 'failed').execute()
 
   await db.schema.createTable('webhook_attempts')
-    .addColumn('id', sql.raw(uuid), c => c.primaryKey())
-    .addColumn('endpoint_id', sql.raw(uuid), c => c.notNull().references('webhook_endpoints.id').onDelete('cascade'))
-    .addColumn('event_id', sql.raw(uuid), c => c.notNull())
-    .addColumn('attempted_at', sql.raw(ts), c => c.notNull())
-    .addColumn('succeeded', sql.raw(bool), c => c.notNull())
+    .addColumn('id', uuid, c => c.primaryKey())
+    .addColumn('endpoint_id', uuid, c => c.notNull().references('webhook_endpoints.id').onDelete('cascade'))
+    .addColumn('event_id', uuid, c => c.notNull())
+    .addColumn('attempted_at', ts, c => c.notNull())
+    .addColumn('succeeded', bool, c => c.notNull())
     .addColumn('status_code', 'integer')
     .addColumn('latency_ms', 'integer', c => c.notNull())
     .addColumn('error', 'text')
-    .addColumn('next_attempt_at', sql.raw(ts))
+    .addColumn('next_attempt_at', ts)
     .execute()
   await db.schema.createIndex('webhook_attempts_endpoint_idx').on('webhook_attempts').columns(['endpoint_id', 'id']).execute()
 }
