@@ -1,7 +1,7 @@
 import neostandard from 'neostandard'
 
 export default [
-  ...neostandard({ ts: true, ignores: ['node_modules/**', 'data/**'] }),
+  ...neostandard({ ts: true, ignores: ['node_modules/**', 'data/**', 'dist/**'] }),
   {
     rules: {
       // TypeBox's idiom: a schema and its static type share one name (`User` the schema, `User` the type).

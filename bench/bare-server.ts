@@ -8,7 +8,7 @@
  * "the same read from better-sqlite3": the route reads the 50 users on every
  * request, the plain way (row objects, mapped, then serialized by the schema).
  */
-import SQLite from 'better-sqlite3'
+import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
@@ -20,13 +20,13 @@ const ITEMS = 50
 const port = Number(process.env.PORT ?? '0')
 const users = Array.from({ length: ITEMS }, (_, i) => toUser(seedRow(i)))
 
-interface Row { groups: string, disabled: number }
+interface Row { groups: string, disabled: number, password_sign_in: number }
 const read = process.env.BARE_DB !== undefined
   ? (() => {
       const statement = new SQLite(process.env.BARE_DB, { readonly: true }).prepare(
-        `select id, username, email, first_name, last_name, role, groups, disabled, created_at, updated_at, last_login_at, password_changed_at
+        `select id, username, email, first_name, last_name, role, groups, disabled, password_sign_in, created_at, updated_at, last_login_at, password_changed_at
          from users order by created_at, id limit ${ITEMS}`)
-      return () => (statement.all() as Row[]).map(row => ({ ...row, groups: JSON.parse(row.groups) as string[], disabled: row.disabled === 1 }))
+      return () => (statement.all() as Row[]).map(row => ({ ...row, groups: JSON.parse(row.groups) as string[], disabled: row.disabled === 1, password_sign_in: row.password_sign_in === 1 }))
     })()
   : () => users
 

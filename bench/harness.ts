@@ -119,7 +119,7 @@ export function makeTmpDir (prefix: string): string {
 }
 
 /**
- * Starts `node [nodeArgs] --import tsx <script>` with stdout and stderr going to files in the temporary
+ * Starts `node [nodeArgs] --import tsx <script>` (`node [nodeArgs] <script>` for a .js file) with stdout and stderr going to files in the temporary
  * directory, never to this console (the server's log would bury the results, and a pipe nobody reads
  * would stall it). Registered so that clean-up stops it.
  */
@@ -128,7 +128,9 @@ export function startChild (name: string, script: string, env: NodeJS.ProcessEnv
   const stderrPath = join(tmpDir!, `${name}.stderr.log`)
   const out = openSync(stdoutPath, 'w')
   const err = openSync(stderrPath, 'w')
-  const proc = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', script], { cwd: ROOT, env, stdio: ['ignore', out, err] })
+  // Compiled JavaScript (dist/, what `npm start` runs) starts without tsx.
+  const args = script.endsWith('.js') ? [...nodeArgs, script] : [...nodeArgs, '--import', 'tsx', script]
+  const proc = spawn(process.execPath, args, { cwd: ROOT, env, stdio: ['ignore', out, err] })
   closeSync(out)
   closeSync(err)
   const exited = new Promise<void>(resolve => {

@@ -8,17 +8,19 @@
  *   BENCH_DURATION=30 BENCH_CONNECTIONS=100 npm run bench
  */
 import { readFileSync, statSync } from 'node:fs'
+import type autocannon from 'autocannon'
 import { availableParallelism } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import SQLite from 'better-sqlite3'
+import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
-  log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
+  log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
 } from './harness.ts'
 
 const PAGE_SIZE = 50
@@ -33,7 +35,10 @@ const settings = {
   /** Unset means gatehouse's own default (info). Only for experiments: the ratio that counts is with the default. */
   gatehouseLogLevel: process.env.BENCH_LOG_LEVEL === undefined || process.env.BENCH_LOG_LEVEL === '' ? undefined : process.env.BENCH_LOG_LEVEL,
   cpuProfile: envFlag('BENCH_CPU_PROF'),
-  keepTmp: envFlag('BENCH_KEEP_TMP')
+  keepTmp: envFlag('BENCH_KEEP_TMP'),
+  /** The PostgreSQL half of the run; a schema of its own is created there and dropped at the end. `off` skips it. */
+  postgresUrl: process.env.BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
+  createConnections: envInt('BENCH_CREATE_CONNECTIONS', 10)
 }
 
 installCleanUp({ keepTmp: settings.keepTmp })
@@ -147,6 +152,113 @@ function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: b
 
 // ---------------------------------------------------------------- the run
 
+/** POST /auth/api/users with a password (one argon2id hash each), unique usernames; and the event loop's p99 meanwhile. */
+async function measureCreates (child: Child, base: string, key: string): Promise<{ run: Measurement, limit: { hashesPerSec: number, concurrency: number }, eventLoopP99Ms: number | null }> {
+  // Nothing else is loaded now, so the hashes measure the machine, not the servers.
+  const limit = await argon2Limit(Math.max(3, Math.round(settings.durationS / 2)))
+  await eventLoopP99Ms(base, key)
+  let counter = 0
+  const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu } = await measureLoad('create', child, {
+    url: `${base}${USERS_PATH}`,
+    connections: settings.createConnections,
+    requests: [{
+      method: 'POST',
+      headers: { 'x-api-key': key, 'content-type': 'application/json' },
+      setupRequest: (request: autocannon.Request) => ({ ...request, body: JSON.stringify({ username: `bench.create${counter++}`, password: BENCH_PASSWORD }) })
+    }]
+  }, settings)
+  const p99 = await eventLoopP99Ms(base, key)
+  return {
+    run: { url: `${base}${USERS_PATH}`, bodyBytes: 0, ...summary, throughputBytesPerSec: r.throughput.average, serverCpu, loadGeneratorCpu, otherCpu, non2xx: r.non2xx, errors: r.errors, timeouts: r.timeouts },
+    limit,
+    eventLoopP99Ms: p99
+  }
+}
+
+type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
+
+/** The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it. */
+async function measurePostgres (): Promise<PostgresPart> {
+  if (settings.postgresUrl === 'off') return { ran: false, why: 'BENCH_PG_URL=off' }
+  const unreachable = await postgresReachable(settings.postgresUrl)
+  if (unreachable !== undefined) return { ran: false, why: `PostgreSQL at ${settings.postgresUrl}: ${unreachable}` }
+  const schema = `gatehouse_bench_${process.pid}`
+  await dropSchema(settings.postgresUrl, schema)
+  try {
+    const db = createDb({ databaseUrl: settings.postgresUrl, databaseSchema: schema, databasePoolSize: 1, databaseStatementTimeoutMs: 60_000, databaseQueryTimeoutMs: 61_000, databaseAcquireTimeoutMs: 5000 })
+    await migrateToLatest(db, schema)
+    await db.destroy()
+    const seedStart = performance.now()
+    await seedPostgres(settings.postgresUrl, schema, settings.users)
+    const seedMs = performance.now() - seedStart
+    log(`seeded ${fmt(settings.users)} users into PostgreSQL schema ${schema} in ${fmt(seedMs)} ms`)
+    const port = await freePort()
+    const base = `http://${HOST}:${port}`
+    const { child, startupMs } = await startTimed('gatehouse-pg', childEnv({
+      HOST,
+      PORT: String(port),
+      DATABASE_URL: settings.postgresUrl,
+      DATABASE_SCHEMA: schema,
+      RATE_LIMIT_PER_CREDENTIAL: '1000000000',
+      RATE_LIMIT_PER_ADDRESS: '1000000000'
+    }), base)
+    const key = await readAdminKey(child)
+    const url = `${base}${USERS_PATH}?limit=${PAGE_SIZE}`
+    const page = await checkList(url, { 'x-api-key': key }, PAGE_SIZE)
+    await sleep(2000)
+    const idleRss = rssMiB(child)
+    const list = await measure('gatehouse-pg', child, url, { 'x-api-key': key }, page.bodyBytes)
+    const cookie = await sessionCookie(base, key, 'bench.verify')
+    const verify = await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie }, 0)
+    await stopChild(child)
+    return { ran: true, startupMs, idleRss, list, verify, seedMs }
+  } finally {
+    await dropSchema(settings.postgresUrl, schema)
+  }
+}
+
+/** Issue 8's table: each row as measured in this run, with its goal. */
+function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: number, idleRss: number | null, verifyResult: Measurement, creates: Awaited<ReturnType<typeof measureCreates>>, postgres: PostgresPart, bareResult: Measurement, gatehouseResult: Measurement }): { text: string, values: Record<string, number | null | string | boolean> } {
+  const pgPart = m.postgres
+  // PostgreSQL's own processes count as "other CPU" during the PostgreSQL targets (about a core), so only the others tell whether the machine was quiet.
+  const measured: Array<[string, Measurement]> = [['bare', m.bareResult], ['gatehouse', m.gatehouseResult], ['verify', m.verifyResult], ['create', m.creates.run]]
+  const busy = busyDuring(measured)
+  const createRatio = m.creates.run.reqPerSec.average / m.creates.limit.hashesPerSec
+  const values: Record<string, number | null | string | boolean> = {
+    quiet: busy.length === 0,
+    listSqliteToBare: m.ratio,
+    listSqliteToBareCpuTime: m.cpuRatio,
+    listPostgresToBare: pgPart.ran ? pgPart.list.reqPerSec.average / m.bareResult.reqPerSec.average : null,
+    verifyPostgresToSqlite: pgPart.ran ? pgPart.verify.reqPerSec.average / m.verifyResult.reqPerSec.average : null,
+    startupSqliteMs: m.startupMs,
+    startupPostgresMs: pgPart.ran ? pgPart.startupMs : null,
+    idleRssSqliteMiB: m.idleRss,
+    idleRssPostgresMiB: pgPart.ran ? pgPart.idleRss : null,
+    createToArgon2Limit: createRatio,
+    createEventLoopP99Ms: m.creates.eventLoopP99Ms,
+    ...(pgPart.ran ? {} : { postgresSkipped: pgPart.why })
+  }
+  const show = (v: number | null | string | boolean | undefined, digits: number, unit = ''): string => typeof v === 'number' ? `${v.toFixed(digits)}${unit}` : 'n/a'
+  const rows = [
+    ['list 50 on SQLite ÷ bare Fastify (CPU-time ratio)', `${show(values.listSqliteToBare, 3)} (${show(values.listSqliteToBareCpuTime, 3)})`, '≥ 0.5', m.ratio >= 0.5],
+    ['list 50 on PostgreSQL ÷ bare Fastify', show(values.listPostgresToBare, 3), '≥ 0.3', typeof values.listPostgresToBare === 'number' && values.listPostgresToBare >= 0.3],
+    ['verify (session cookie) PostgreSQL ÷ SQLite', show(values.verifyPostgresToSqlite, 3), '≥ 0.7', typeof values.verifyPostgresToSqlite === 'number' && values.verifyPostgresToSqlite >= 0.7],
+    ['startup to first 2xx, SQLite / PostgreSQL', `${show(values.startupSqliteMs, 0, ' ms')} / ${show(values.startupPostgresMs, 0, ' ms')}`, '< 500 ms',
+      m.startupMs < 500 && (!pgPart.ran || pgPart.startupMs < 500)],
+    ['idle RSS, SQLite / PostgreSQL', `${show(values.idleRssSqliteMiB, 0, ' MiB')} / ${show(values.idleRssPostgresMiB, 0, ' MiB')}`, '< 100 MiB',
+      m.idleRss !== null && m.idleRss < 100 && (!pgPart.ran || (pgPart.idleRss !== null && pgPart.idleRss < 100))],
+    [`create ÷ argon2id limit (${fmt(m.creates.limit.hashesPerSec, 1)} hashes/s at ${m.creates.limit.concurrency}), event-loop p99`,
+      `${createRatio.toFixed(3)}, ${show(values.createEventLoopP99Ms, 1, ' ms')}`, '≥ 0.9, < 20 ms',
+      createRatio >= 0.9 && m.creates.eventLoopP99Ms !== null && m.creates.eventLoopP99Ms < 20]
+  ] as const
+  const table = formatTable(['issue 8 row', 'this run', 'goal', 'met'], rows.map(([a, b, c, d]) => [a, b, c, d ? 'yes' : 'NO']))
+  const text = ['', 'Issue 8, every row from this run (ratios of targets measured one after another in this run):', '', ...table.lines,
+    ...(pgPart.ran ? [] : [`PostgreSQL part skipped: ${pgPart.why}`]),
+    ...(busy.length > 0 ? [`WARNING: other processes used ${busy.join(', ')} of the CPU while measuring: these ratios are disturbed; run again on a quiet machine.`] : []),
+    ''].join('\n') + '\n'
+  return { text, values }
+}
+
 async function main (): Promise<void> {
   const stamp = new Date().toISOString().replace(/[:.]/g, '-')
   const tmpDir = makeTmpDir('gatehouse-bench-')
@@ -178,9 +290,8 @@ async function main (): Promise<void> {
     RATE_LIMIT_PER_ADDRESS: '1000000000',
     ...(settings.gatehouseLogLevel !== undefined ? { LOG_LEVEL: settings.gatehouseLogLevel } : {})
   })
-  const gatehouse = startChild('gatehouse', 'src/server.ts', env, profArgs('gatehouse'))
   const gatehouseBase = `http://${HOST}:${gatehousePort}`
-  await waitReady(gatehouse, `${gatehouseBase}/auth/healthz`)
+  const { child: gatehouse, startupMs } = await startTimed('gatehouse', env, gatehouseBase, profArgs('gatehouse'))
   const key = await readAdminKey(gatehouse)
   const auth = { 'x-api-key': key }
   log(`gatehouse ready on ${gatehouseBase} (pid ${gatehouse.proc.pid}), admin key ${key.slice(0, 16)}…`)
@@ -190,6 +301,8 @@ async function main (): Promise<void> {
   const gatehouseUrl = `${gatehouseBase}${USERS_PATH}?limit=${PAGE_SIZE}`
   const page = await checkList(gatehouseUrl, auth, PAGE_SIZE)
   if (!/rel="next"/.test(page.headers.get('link') ?? '')) throw new Error('the page has no Link: rel="next" although more users exist')
+  await sleep(2000)
+  const idleRss = rssMiB(gatehouse)
 
   // 3. The baseline.
   const barePort = await freePort()
@@ -212,11 +325,15 @@ async function main (): Promise<void> {
   const logBytesBefore = statSync(gatehouse.stdoutPath).size
   const gatehouseResult = await measure('gatehouse', gatehouse, gatehouseUrl, auth, page.bodyBytes)
   const logBytes = statSync(gatehouse.stdoutPath).size - logBytesBefore
+  const cookie = await sessionCookie(gatehouseBase, key, 'bench.verify')
+  const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
+  const creates = await measureCreates(gatehouse, gatehouseBase, key)
+  const postgres = await measurePostgres()
 
   // 5. Report.
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
   const meets = ratio >= TARGET_RATIO
-  const valid = [bareResult, gatehouseResult].every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
+  const valid = [bareResult, gatehouseResult, verifyResult, creates.run, ...(postgres.ran ? [postgres.list, postgres.verify] : [])].every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
   const cpuRatio = bareResult.serverCpu !== null && gatehouseResult.serverCpu !== null
     ? bareResult.serverCpu.usPerRequest / gatehouseResult.serverCpu.usPerRequest
     : null
@@ -225,8 +342,16 @@ async function main (): Promise<void> {
   process.stdout.write(`bare+read/bare: ${(bareReadResult.reqPerSec.average / bareResult.reqPerSec.average).toFixed(3)} ` +
     `(the issue's reference read); gatehouse/bare+read: ${readRatio.toFixed(3)}\n\n`)
 
+  const rows = issueRows({ ratio, cpuRatio, startupMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
+  process.stdout.write(rows.text)
+
   const report = {
     benchmark: 'list-users',
+    issue8: rows.values,
+    verify: verifyResult,
+    creates,
+    postgres,
+    startup: { ms: startupMs, idleRssMiB: idleRss },
     startedAt: stamp,
     valid,
     /** False when other processes competed for the CPU (see otherCpu): compare such runs with care. */

@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto'
+import { once } from 'node:events'
 import Fastify, {
   LogController,
   type FastifyBaseLogger,
@@ -9,6 +10,7 @@ import Fastify, {
   type RawServerDefault
 } from 'fastify'
 import { AjvCompiler, type BuildCompilerFromPool, type RouteDefinition } from '@fastify/ajv-compiler'
+import { SerializerSelector } from '@fastify/fast-json-stringify-compiler'
 import cookie from '@fastify/cookie'
 import formbody from '@fastify/formbody'
 import pino from 'pino'
@@ -17,13 +19,15 @@ import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
 import type { Config } from './config.ts'
-import { createDb, type Db } from './db/database.ts'
+import { createDb, isPostgres, type Db } from './db/database.ts'
+import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
 import { migrateToLatest } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { isCredentialParam } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
+import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
@@ -41,6 +45,8 @@ import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.
 import sessionsRoutes from './sessions/sessions.routes.ts'
 import { MFA_SCHEMAS } from './mfa/mfa.schemas.ts'
 import mfaRoutes from './mfa/mfa.routes.ts'
+import { SSO_SCHEMAS } from './sso/oidc.schemas.ts'
+import oidcRoutes from './sso/oidc.routes.ts'
 import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
 import consoleRoutes from './console/console.routes.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
@@ -48,7 +54,6 @@ import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-co
 import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
-import { Redis } from 'ioredis'
 
 export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
 
@@ -57,6 +62,7 @@ declare module 'fastify' {
     config: Config
     db: Db
     passwords: PasswordHasher
+    credentials: CredentialCache
     webhooks: WebhookWorker
   }
   interface FastifyContextConfig {
@@ -84,11 +90,21 @@ const ajvCompilers = AjvCompiler()
 
 /** Two Ajv instances over the same shared schemas: exact for bodies, coercing for the textual parts. */
 const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
-  const exact = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: false } })
-  const coercing = ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } })
-  return ((route: RouteDefinition) => route.httpPart === 'body' ? exact(route) : coercing(route)) as ReturnType<BuildCompilerFromPool>
+  // The Ajv instances too are made by the first request that validates (see lib/lazy-compile.ts).
+  type Compile = ReturnType<typeof ajvCompilers>
+  let exact: Compile | undefined
+  let coercing: Compile | undefined
+  return ((route: RouteDefinition) => lazyValidator(() => route.httpPart === 'body'
+    ? (exact ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: false } }))(route)
+    : (coercing ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } }))(route))) as ReturnType<BuildCompilerFromPool>
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, ...MFA_SCHEMAS]
+const serializerSelector = SerializerSelector()
+/** Response serializers, compiled on first use (see lib/lazy-compile.ts). */
+const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
+  const compile = serializerSelector(externalSchemas, options)
+  return (route) => lazySerializer(() => compile(route))
+}
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
 
 /**
  * Request log lines carry the path, never a credential given in the query
@@ -126,7 +142,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     // coerced by the routes that accept them, see lib/forms.ts).
     schemaController: {
       compilersFactory: {
-        buildValidator: buildValidators
+        buildValidator: buildValidators,
+        buildSerializer: buildSerializers
       }
     },
     bodyLimit: config.bodyLimitBytes,
@@ -154,13 +171,19 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   }).withTypeProvider<TypeBoxTypeProvider>()
 
   if (bufferedStdout !== undefined) app.addHook('onClose', async () => { bufferedStdout.flushSync() })
-  const db = options.db ?? createDb(config)
-  if (options.db === undefined) app.addHook('onClose', async () => { await db.destroy() })
+  const ownDb = options.db ?? createDb(config)
+  if (options.db === undefined) app.addHook('onClose', async () => { await ownDb.destroy() })
+  // Checked credentials are cached briefly; every write through this handle that could end one empties the cache.
+  const credentials = new CredentialCache(config.credentialCacheTtlMs, !isPostgres(ownDb))
+  const db = ownDb.withPlugin(writesPlugin(credentials))
+  const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
+  app.addHook('preClose', stopWatching)
   if (options.migrate !== false) await migrateToLatest(db, config.databaseSchema)
 
   const passwords = new PasswordHasher(config)
   app.decorate('config', config)
   app.decorate('db', db)
+  app.decorate('credentials', credentials)
   app.decorate('passwords', passwords)
   // Delivers queued webhook events; stopped before the database closes, after its deliveries in flight are recorded.
   const webhooks = new WebhookWorker(db, config, app.log, `gatehouse-webhooks/${RELEASE}`)
@@ -168,7 +191,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   if (config.webhookDelivery) app.addHook('onReady', async () => { webhooks.start() })
   app.addHook('preClose', async () => { await webhooks.stop() })
   const redis = config.redisUrl !== undefined
-    ? new Redis(config.redisUrl, {
+    // Imported only when configured: ioredis is a tenth of start-up's module loading.
+    ? new (await import('ioredis')).Redis(config.redisUrl, {
       // Every command has a deadline, also while it waits for a (re)connection
       // in the offline queue; past it the request gets 503 (errors.ts).
       commandTimeout: config.redisCommandTimeoutMs,
@@ -182,6 +206,20 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     : undefined
   // Connection errors surface on the commands that need the connection; the event must still be handled.
   redis?.on('error', () => {})
+  // The first requests after start would otherwise race the connection's
+  // handshake against their command deadline. A Redis that does not come up
+  // in time does not stop the start: requests that need it get 503 and
+  // /readyz says so until it answers.
+  if (redis !== undefined) {
+    app.addHook('onReady', async () => {
+      if (redis.status === 'ready') return
+      let timer: NodeJS.Timeout | undefined
+      await Promise.race([
+        once(redis, 'ready').catch(() => {}),
+        new Promise(resolve => { timer = setTimeout(resolve, config.redisCommandTimeoutMs) })
+      ]).finally(() => clearTimeout(timer))
+    })
+  }
   const failures = redis !== undefined ? redisFailureCounter(redis) : memoryFailureCounter()
   app.addHook('onClose', async () => {
     await failures.close()
@@ -265,6 +303,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(webhooksRoutes, { sender: webhooks.sender })
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes)
   }, { prefix: config.basePath })
 
@@ -303,6 +342,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
         { name: 'default', description: 'Users: the current release\'s paths.' },
         { name: 'sessions', description: 'Sign-in for web-UI users, self-service, and the reverse-proxy check.' },
         { name: 'mfa', description: 'Second factors (TOTP, passkeys, recovery codes) and the second step of sign-in.' },
+        { name: 'sso', description: 'Single sign-on: OpenID Connect providers and the identities linked to users.' },
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
         { name: 'webhooks', description: 'Endpoints that receive events, signed per Standard Webhooks; their deliveries and attempts.' },

@@ -1,5 +1,7 @@
 import { availableParallelism } from 'node:os'
 import { USERNAME_PATTERN } from './users/users.schemas.ts'
+import { readLdapConfig, type LdapConfig } from './sso/ldap.config.ts'
+import { parseOidcProviders, type OidcProviderSettings } from './sso/oidc.settings.ts'
 
 /**
  * Every knob the service has. Read once from the environment at start-up
@@ -53,6 +55,8 @@ export interface Config {
   sessionIdleTimeoutMs: number
   /** …and in any case this long after sign-in. */
   sessionAbsoluteTimeoutMs: number
+  /** How long a checked API key or session is trusted without reading the database again (0: never); see auth/credential-cache.ts. */
+  credentialCacheTtlMs: number
   /** Failed sign-ins for one account from one address before 429 (per window). */
   loginMaxFailuresPerAccount: number
   /** Failed sign-ins from one address, across accounts, before 429 (per window). */
@@ -110,6 +114,14 @@ export interface Config {
   webauthnRpId: string | undefined
   /** Origins passkey ceremonies may come from; the request's own origin when unset. */
   webauthnOrigins: string[]
+  /** Sign-in with a local password at all (PASSWORD_SIGN_IN); off leaves LDAP, OIDC, passkeys and API keys. */
+  passwordSignIn: boolean
+  /** LDAP / Active Directory sign-in (LDAP_*); undefined when LDAP_URL is unset. */
+  ldap: LdapConfig | undefined
+  /** OpenID Connect providers from OIDC_PROVIDERS (docs/sso.md); more can be added through the API. */
+  oidcProviders: OidcProviderSettings[]
+  /** The origin browsers reach gatehouse at, for OIDC redirect URIs; the request's own origin when unset. */
+  oidcRedirectOrigin: string | undefined
 }
 
 export class ConfigError extends Error {}
@@ -146,6 +158,7 @@ const DEFAULTS: Config = {
   bootstrapAdminPassword: undefined,
   sessionIdleTimeoutMs: 30 * 60_000,
   sessionAbsoluteTimeoutMs: 12 * 3_600_000,
+  credentialCacheTtlMs: 5000,
   loginMaxFailuresPerAccount: 10,
   loginMaxFailuresPerAddress: 100,
   loginFailureWindowMs: 15 * 60_000,
@@ -173,7 +186,11 @@ const DEFAULTS: Config = {
   mfaEncryptionKey: undefined,
   mfaMaxFailures: 5,
   webauthnRpId: undefined,
-  webauthnOrigins: []
+  webauthnOrigins: [],
+  passwordSignIn: true,
+  ldap: undefined,
+  oidcProviders: [],
+  oidcRedirectOrigin: undefined
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
@@ -239,6 +256,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.bootstrapAdminPassword = str('GATEHOUSE_ADMIN_PASSWORD')
   c.sessionIdleTimeoutMs = int('SESSION_IDLE_TIMEOUT_S', c.sessionIdleTimeoutMs / 1000) * 1000
   c.sessionAbsoluteTimeoutMs = int('SESSION_ABSOLUTE_TIMEOUT_S', c.sessionAbsoluteTimeoutMs / 1000) * 1000
+  c.credentialCacheTtlMs = int('CREDENTIAL_CACHE_TTL_MS', c.credentialCacheTtlMs)
   c.loginMaxFailuresPerAccount = int('LOGIN_MAX_FAILURES_PER_ACCOUNT', c.loginMaxFailuresPerAccount)
   c.loginMaxFailuresPerAddress = int('LOGIN_MAX_FAILURES_PER_ADDRESS', c.loginMaxFailuresPerAddress)
   c.loginFailureWindowMs = int('LOGIN_FAILURE_WINDOW_S', c.loginFailureWindowMs / 1000) * 1000
@@ -276,6 +294,17 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.mfaMaxFailures = int('MFA_MAX_FAILURES', c.mfaMaxFailures)
   c.webauthnRpId = str('WEBAUTHN_RP_ID')
   c.webauthnOrigins = (str('WEBAUTHN_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
+  c.passwordSignIn = bool('PASSWORD_SIGN_IN', c.passwordSignIn)
+  const oidcProviders = str('OIDC_PROVIDERS')
+  if (oidcProviders !== undefined) {
+    try {
+      c.oidcProviders = parseOidcProviders(oidcProviders)
+    } catch (error) {
+      throw new ConfigError((error as Error).message)
+    }
+  }
+  c.oidcRedirectOrigin = str('OIDC_REDIRECT_ORIGIN')
+  c.ldap = readLdapConfig({ str, bool, int, fail: (message) => { throw new ConfigError(message) } })
   return validate(c)
 }
 
@@ -295,6 +324,8 @@ function validate (c: Config): Config {
   if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
   }
+  // Longer, and a revoked credential kept working that long wherever a change notice went missing.
+  if (c.credentialCacheTtlMs > 60_000) throw new ConfigError('CREDENTIAL_CACHE_TTL_MS must be at most 60000')
   if (c.sessionIdleTimeoutMs < 60_000 || c.sessionAbsoluteTimeoutMs < c.sessionIdleTimeoutMs) {
     throw new ConfigError('SESSION_IDLE_TIMEOUT_S must be at least 60 and SESSION_ABSOLUTE_TIMEOUT_S at least the idle time-out')
   }
@@ -331,6 +362,9 @@ function validate (c: Config): Config {
   }
   if (c.mfaEncryptionKey !== undefined && c.mfaEncryptionKey.length !== 32) throw new ConfigError('MFA_ENCRYPTION_KEY must be 32 bytes')
   if (c.mfaMaxFailures < 1) throw new ConfigError('MFA_MAX_FAILURES must be at least 1')
+  if (c.oidcRedirectOrigin !== undefined && !/^https?:\/\/[^/]+$/.test(c.oidcRedirectOrigin)) {
+    throw new ConfigError(`OIDC_REDIRECT_ORIGIN looks like https://ui.example.com, got "${c.oidcRedirectOrigin}"`)
+  }
   for (const origin of c.webauthnOrigins) {
     if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`WEBAUTHN_ORIGINS entries look like https://ui.example.com, got "${origin}"`)
   }

@@ -169,7 +169,7 @@ describe('npm start on a port that is in use', () => {
     const port = (holder.address() as { port: number }).port
     const database = `sqlite:${join(tmp, 'busy-port.db')}`
     try {
-      // What `npm start` runs (tsx src/server.ts), without npm's own output around it.
+      // What `npm start` runs (dist/server.js, compiled from this file), from source, without npm's own output around it.
       const child = spawn(process.execPath, ['--import', 'tsx', fileURLToPath(new URL('../src/server.ts', import.meta.url))], {
         env: { ...process.env, DATABASE_URL: database, PORT: String(port), HOST: '127.0.0.1', LOG_LEVEL: 'warn', GATEHOUSE_ADMIN_API_KEY: '', GATEHOUSE_ADMIN_USERNAME: '', GATEHOUSE_ADMIN_PASSWORD: '' },
         stdio: ['ignore', 'pipe', 'pipe']

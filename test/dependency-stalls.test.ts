@@ -141,6 +141,18 @@ async function eventually (withinMs: number, attempt: () => Promise<void>): Prom
   }
 }
 
+/**
+ * Waits until the app reports Redis and the database ready, so that what a
+ * test measures is the stall it makes, not a first connection still being
+ * set up on a loaded machine.
+ */
+async function untilReady (t: TestApp): Promise<void> {
+  await eventually(10_000, async () => {
+    const ready = await t.app.inject({ url: '/auth/readyz' })
+    assert.equal(ready.statusCode, 200, ready.body)
+  })
+}
+
 /** How much later than its deadline an answer may come on a loaded two-core machine. */
 const SLACK_MS = 700
 
@@ -157,6 +169,7 @@ for (const dialect of dialects()) {
       proxy = await BlackholeProxy.start({ host: '127.0.0.1', port: 6379 })
       // The per-address budget is off so that sign-in reaches Redis through its failure counter, not the request limit.
       t = await createTestApp(dialect, { redisUrl: `redis://127.0.0.1:${proxy.port}`, redisCommandTimeoutMs: REDIS_TIMEOUT_MS, rateLimitPerAddress: 0 })
+      await untilReady(t)
       const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD } })
       assert.equal(created.statusCode, 201, created.body)
       user = created.json()
@@ -232,6 +245,7 @@ describe('a Redis that stops answering, under the per-address request limit', ()
     let closed = false
     try {
       const version = async (): Promise<LightMyRequestResponse> => await t.app.inject({ url: '/auth/api/version', remoteAddress: '192.0.2.77' })
+      await untilReady(t)
       assert.equal((await version()).statusCode, 200)
       proxy.blackhole()
       const { res, ms } = await timed(REDIS_TIMEOUT_MS + SLACK_MS + 5000, version)

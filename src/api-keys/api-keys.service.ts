@@ -150,7 +150,7 @@ export async function authenticateApiKey (db: Db, secret: string): Promise<Princ
   const user = row.user_id !== null
     ? { id: row.user_id, username: row.owner_username!, role: row.owner_role!, groups: toStringArray(row.owner_groups!) }
     : null
-  return { type: 'api_key', id: row.id, userId: row.user_id, user, scopes: new Set(effective) }
+  return { type: 'api_key', id: row.id, userId: row.user_id, user, scopes: new Set(effective), ...(row.expires_at !== null ? { validUntil: new Date(row.expires_at).getTime() } : {}) }
 }
 
 /** Revokes every live key of a user, with an `api_key.revoked` event each; in the transaction of what caused it. */

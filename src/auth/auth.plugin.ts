@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
 import { authenticateApiKey } from '../api-keys/api-keys.service.ts'
 import { AppError } from '../errors.ts'
+import { CredentialCache } from './credential-cache.ts'
 import { authenticateSession, SESSION_TOKEN_PREFIX } from '../sessions/sessions.service.ts'
 import { hasScope, type Principal, type RequestContext, type Scope } from './principal.ts'
 
@@ -89,11 +90,24 @@ export function requestContext (request: FastifyRequest): RequestContext {
   }
 }
 
-/** The principal a secret stands for: session tokens carry their own prefix; everything else is tried as an API key. */
+/**
+ * The principal a secret stands for: session tokens carry their own prefix;
+ * everything else is tried as an API key. Answers come from the credential
+ * cache while fresh (see credential-cache.ts); failures are never cached.
+ */
 async function authenticate (app: FastifyInstance, secret: string): Promise<Principal | undefined> {
-  return secret.startsWith(SESSION_TOKEN_PREFIX)
+  const cache = app.credentials
+  const key = cache.enabled ? CredentialCache.keyOf(secret) : undefined
+  if (key !== undefined) {
+    const cached = cache.get(key)
+    if (cached !== undefined) return cached
+  }
+  const generation = cache.generation()
+  const principal = secret.startsWith(SESSION_TOKEN_PREFIX)
     ? await authenticateSession({ db: app.db, config: app.config }, secret)
     : await authenticateApiKey(app.db, secret)
+  if (principal !== undefined && key !== undefined) cache.set(key, principal, generation)
+  return principal
 }
 
 /** Authenticates every request to a route that declares who may call it, before its body is even read. */

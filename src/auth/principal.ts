@@ -27,6 +27,8 @@ export interface Principal {
   scopes: ReadonlySet<Scope>
   /** A session whose sign-in included a second factor (X-Auth-MFA); never an API key. */
   mfa?: boolean
+  /** When the credential ends by itself (expiry, idle time-out), in ms since the epoch: no cache keeps it longer. */
+  validUntil?: number
 }
 
 export function hasScope (principal: Principal, scope: Scope): boolean {

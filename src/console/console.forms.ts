@@ -1,6 +1,7 @@
 import { Ajv, type ErrorObject } from 'ajv'
 import addFormats from 'ajv-formats'
 import { AppError } from '../errors.ts'
+import { lazyValidator } from '../lib/lazy-compile.ts'
 import { SCOPES, type Scope } from '../auth/principal.ts'
 import { ApiKeyCreate } from '../api-keys/api-keys.schemas.ts'
 import { ListEventsQuery } from '../events/events.schemas.ts'
@@ -13,19 +14,27 @@ import { ListAttemptsQuery, ListDeliveriesQuery, WebhookCreate } from '../webhoo
  * API's own schemas, so the console can accept nothing the API would refuse.
  * Failures come back per field, to be shown next to the field.
  */
-const ajv = new Ajv({ allErrors: true, strict: false, coerceTypes: false })
-addFormats.default(ajv)
-const queryAjv = new Ajv({ allErrors: true, strict: false, coerceTypes: true })
-addFormats.default(queryAjv)
+// Built and compiled on first use: most processes never receive a console form.
+let ajvs: { exact: Ajv, query: Ajv } | undefined
+function compilers (): { exact: Ajv, query: Ajv } {
+  if (ajvs === undefined) {
+    const exact = new Ajv({ allErrors: true, strict: false, coerceTypes: false })
+    addFormats.default(exact)
+    const query = new Ajv({ allErrors: true, strict: false, coerceTypes: true })
+    addFormats.default(query)
+    ajvs = { exact, query }
+  }
+  return ajvs
+}
 
-const checkCreate = ajv.compile(UserCreate)
-const checkPatch = ajv.compile(UserPatch)
-const checkKey = ajv.compile(ApiKeyCreate)
-const checkUsersQuery = queryAjv.compile(ListUsersQuery)
-const checkEventsQuery = queryAjv.compile(ListEventsQuery)
-const checkWebhook = ajv.compile(WebhookCreate)
-const checkDeliveriesQuery = queryAjv.compile(ListDeliveriesQuery)
-const checkAttemptsQuery = queryAjv.compile(ListAttemptsQuery)
+const checkCreate = lazyValidator(() => compilers().exact.compile(UserCreate))
+const checkPatch = lazyValidator(() => compilers().exact.compile(UserPatch))
+const checkKey = lazyValidator(() => compilers().exact.compile(ApiKeyCreate))
+const checkUsersQuery = lazyValidator(() => compilers().query.compile(ListUsersQuery))
+const checkEventsQuery = lazyValidator(() => compilers().query.compile(ListEventsQuery))
+const checkWebhook = lazyValidator(() => compilers().exact.compile(WebhookCreate))
+const checkDeliveriesQuery = lazyValidator(() => compilers().query.compile(ListDeliveriesQuery))
+const checkAttemptsQuery = lazyValidator(() => compilers().query.compile(ListAttemptsQuery))
 
 /** Field name to what is wrong with it. */
 export type FieldErrors = Record<string, string>

@@ -46,6 +46,8 @@ export interface UsersTable {
   /** Consecutive failed sign-ins; reset by a successful one. */
   failed_logins: ColumnType<number, number | undefined, number>
   locked_until: NullableTimestamp
+  /** False: this user signs in only through an identity provider (or a passkey). */
+  password_sign_in: ColumnType<boolean | number, boolean | undefined, boolean>
 }
 
 export interface SessionsTable {
@@ -199,6 +201,49 @@ export interface WebhookAttemptsTable {
   next_attempt_at: NullableTimestamp
 }
 
+export interface UserIdentitiesTable {
+  id: string
+  user_id: string
+  /** 'oidc:<provider id>' or 'ldap'. */
+  provider: string
+  /** The provider's stable name for the account: an ID token's `sub`, an LDAP DN. */
+  subject: string
+  email: string | null
+  created_at: Timestamp
+  last_sign_in_at: NullableTimestamp
+}
+
+export interface OidcProvidersTable {
+  id: string
+  display_name: string
+  issuer: string
+  client_id: string
+  /** Sealed (mfa/secret-box.ts) under MFA_ENCRYPTION_KEY; null for a public client. */
+  client_secret: string | null
+  scopes: JsonArray
+  enabled: Bool
+  jit: Bool
+  link_by_email: Bool
+  groups_claim: string | null
+  /** JSON object: provider group → gatehouse groups. */
+  group_map: ColumnType<Record<string, string[]> | string, string, string>
+  admin_groups: JsonArray
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+export interface OidcLoginsTable {
+  id: string
+  state_digest: string
+  provider_id: string
+  code_verifier: string
+  nonce: string
+  next: string | null
+  created_at: Timestamp
+  expires_at: Timestamp
+  used_at: NullableTimestamp
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -218,6 +263,9 @@ export interface Database {
   recovery_codes: RecoveryCodesTable
   passkeys: PasskeysTable
   mfa_challenges: MfaChallengesTable
+  user_identities: UserIdentitiesTable
+  oidc_providers: OidcProvidersTable
+  oidc_logins: OidcLoginsTable
 }
 
 export type Db = Kysely<Database>

@@ -5,6 +5,8 @@ import * as m0002 from './migrations/0002_sessions.ts'
 import * as m0003 from './migrations/0003_sign_in_addresses.ts'
 import * as m0004 from './migrations/0004_mfa.ts'
 import * as m0005 from './migrations/0005_webhooks.ts'
+import * as m0006 from './migrations/0006_sso.ts'
+import * as m0007 from './migrations/0007_credential_notify.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -12,7 +14,9 @@ const migrations: Record<string, Migration> = {
   '0002_sessions': m0002,
   '0003_sign_in_addresses': m0003,
   '0004_mfa': m0004,
-  '0005_webhooks': m0005
+  '0005_webhooks': m0005,
+  '0006_sso': m0006,
+  '0007_credential_notify': m0007
 }
 
 /**

@@ -8,6 +8,9 @@ export const EVENT_TYPES = [
   'user.mfa_challenged', 'user.mfa_failed', 'user.totp_enrolled', 'user.totp_removed',
   'user.passkey_added', 'user.passkey_renamed', 'user.passkey_removed',
   'user.recovery_codes_generated', 'user.recovery_code_used', 'user.mfa_reset',
+  'user.identity_linked',
+  'user.identity_unlinked', 'user.sso_login_succeeded', 'user.sso_login_failed',
+  'sso_provider.created', 'sso_provider.updated', 'sso_provider.deleted',
   'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]

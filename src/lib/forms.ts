@@ -4,8 +4,15 @@ import type { TSchema } from 'typebox'
 import type { FastifyRequest } from 'fastify'
 
 const FORM_TYPES = new Set(['application/x-www-form-urlencoded', 'multipart/form-data'])
-const coercer = new Ajv({ coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true, strict: false })
-addFormats.default(coercer)
+// Built on the first form body: JSON clients never need it.
+let coercer: Ajv | undefined
+function formCoercer (): Ajv {
+  if (coercer === undefined) {
+    coercer = new Ajv({ coerceTypes: 'array', removeAdditional: false, useDefaults: true, allErrors: true, strict: false })
+    addFormats.default(coercer)
+  }
+  return coercer
+}
 
 /**
  * JSON bodies are validated exactly as sent (`{"disabled": null}` is an
@@ -15,10 +22,11 @@ addFormats.default(coercer)
  * validation then runs on the result and reports anything still wrong.
  */
 export function coerceFormFields (schema: TSchema): (request: FastifyRequest) => Promise<void> {
-  const coerce = coercer.compile(schema)
+  let coerce: ((data: unknown) => unknown) | undefined
   return async (request) => {
     const type = request.headers['content-type']?.split(';')[0]?.trim().toLowerCase()
     if (type !== undefined && FORM_TYPES.has(type) && typeof request.body === 'object' && request.body !== null) {
+      coerce ??= formCoercer().compile(schema)
       coerce(request.body)
     }
   }

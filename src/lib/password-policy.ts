@@ -1,4 +1,4 @@
-import { dictionary } from '@zxcvbn-ts/language-common'
+import { createRequire } from 'node:module'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
 
@@ -13,7 +13,15 @@ export function passwordPolicyOf (config: Pick<Config, 'passwordMinLength' | 'pa
  * 18,000 of them 8 characters or longer), compared ignoring case. Loaded once,
  * offline: no password ever leaves the process.
  */
-const COMMON = new Set((dictionary['passwords-common'] as string[]).map(p => p.toLowerCase()))
+let common: Set<string> | undefined
+/** Built by the first password checked (a few MiB, and tens of milliseconds start-up would otherwise pay). */
+function commonPasswords (): Set<string> {
+  if (common === undefined) {
+    const { dictionary } = createRequire(import.meta.url)('@zxcvbn-ts/language-common') as typeof import('@zxcvbn-ts/language-common')
+    common = new Set((dictionary['passwords-common'] as string[]).map(p => p.toLowerCase()))
+  }
+  return common
+}
 
 function violation (code: 'password_too_short' | 'password_too_long' | 'password_contains_username' | 'password_too_common', detail: string, field: string, why: string): AppError {
   return new AppError(code, 422, detail, { errors: [{ in: 'body', pointer: field, detail: why }] })
@@ -35,7 +43,7 @@ export function checkPasswordPolicy (password: string, username: string, policy:
   if (password.toLowerCase().includes(username.toLowerCase())) {
     throw violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
   }
-  if (COMMON.has(password.toLowerCase())) {
+  if (commonPasswords().has(password.toLowerCase())) {
     throw violation('password_too_common', 'That password is on a list of commonly used passwords; choose another.', field, 'is a commonly used password')
   }
 }

@@ -1,6 +1,5 @@
 import { scrypt, timingSafeEqual } from 'node:crypto'
 import { hash, verify, type Options } from '@node-rs/argon2'
-import { verify as bcryptVerify } from '@node-rs/bcrypt'
 
 /** `Algorithm.Argon2id`; the package declares it as a const enum, which isolated modules cannot import. */
 const ARGON2ID = 2 as NonNullable<Options['algorithm']>
@@ -56,6 +55,8 @@ export class PasswordHasher {
         if (passwordHash.startsWith('$2')) {
           // bcrypt reads only the first 72 bytes; a longer password would match on its prefix alone.
           if (!checkImportedHash(passwordHash).ok || Buffer.byteLength(password, 'utf8') > BCRYPT_MAX_BYTES) return false
+          // Only imported hashes are bcrypt; the native module loads with the first of them.
+          const { verify: bcryptVerify } = await import('@node-rs/bcrypt')
           return await bcryptVerify(password, passwordHash)
         }
         if (passwordHash.startsWith('$scrypt$')) {

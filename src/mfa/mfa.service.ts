@@ -1,6 +1,4 @@
 import { randomInt } from 'node:crypto'
-import { generateSecret, generateURI, verify as verifyTotp } from 'otplib'
-import QRCode from 'qrcode'
 import { toBool, toIso, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
@@ -119,6 +117,7 @@ async function openTotpSecret (deps: MfaDeps, userId: string, sealed: string): P
 async function totpStep (secret: string, code: string, after: number | null): Promise<number | undefined> {
   const token = code.replace(/\s/g, '')
   if (!/^\d{6}$/.test(token)) return undefined
+  const { verify: verifyTotp } = await import('otplib')
   const result = await verifyTotp({ secret, token, epochTolerance: 30, ...(after !== null ? { afterTimeStep: after } : {}) })
   // The functional API's result type also covers HOTP, which has no time step.
   return result.valid && 'timeStep' in result ? result.timeStep : undefined
@@ -212,7 +211,7 @@ export async function completeSignIn (
           await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId) })
         } else {
           const expected = challenge.webauthn_challenge
-          if (expected === null || challengeOf(proof.passkey) !== expected) throw new ProofRejected('passkey_rejected')
+          if (expected === null || await challengeOf(proof.passkey) !== expected) throw new ProofRejected('passkey_rejected')
           if (enrol) {
             const passkey = await addPasskey(trx, userId, proof.passkey, expected, rp, proof.passkeyName ?? 'Passkey', at)
               .catch((error: unknown) => { throw error instanceof AppError ? new ProofRejected('passkey_rejected') : error })
@@ -299,6 +298,8 @@ export async function startTotp (deps: MfaDeps, user: { id: string, username: st
   if (key === undefined) {
     throw new AppError('totp_not_configured', 409, 'Authenticator apps (TOTP) need MFA_ENCRYPTION_KEY, which this deployment has not set; use a passkey, or ask the operator.')
   }
+  // Loaded by the first enrolment: most processes never make a TOTP secret or a QR code.
+  const [{ generateSecret, generateURI }, { default: QRCode }] = await Promise.all([import('otplib'), import('qrcode')])
   const secret = generateSecret()
   if (!await putPendingTotp(deps.db, user.id, seal(key, secret, user.id), nowIso())) {
     throw new AppError('totp_already_enrolled', 409, 'An authenticator app is enrolled already; remove it first to set up another.')
@@ -392,7 +393,7 @@ export async function startPasskeyRegistration (deps: MfaDeps, user: { id: strin
 export async function finishPasskeyRegistration (
   deps: MfaDeps, ctx: RequestContext, userId: string, name: string, credential: PasskeyCredential, rp: RelyingParty
 ): Promise<{ passkey: Passkey, recoveryCodes?: string[] }> {
-  const challenge = challengeOf(credential)
+  const challenge = await challengeOf(credential)
   const at = nowIso()
   return await deps.db.transaction().execute(async trx => {
     const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'register', challenge, userId, at)
@@ -470,7 +471,7 @@ export async function passkeySignIn (deps: MfaDeps, ctx: SignInContext, credenti
   await reserveAttempt(deps, addr)
   const now = new Date()
   const at = now.toISOString()
-  const challenge = challengeOf(credential)
+  const challenge = await challengeOf(credential)
   let userId: string | undefined
   try {
     return await openSessionForPasskey()

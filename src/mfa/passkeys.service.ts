@@ -1,9 +1,6 @@
-import {
-  generateAuthenticationOptions, generateRegistrationOptions, verifyAuthenticationResponse, verifyRegistrationResponse,
-  type AuthenticationResponseJSON, type PublicKeyCredentialCreationOptionsJSON, type PublicKeyCredentialRequestOptionsJSON,
-  type RegistrationResponseJSON
+import type {
+  AuthenticationResponseJSON, PublicKeyCredentialCreationOptionsJSON, PublicKeyCredentialRequestOptionsJSON, RegistrationResponseJSON
 } from '@simplewebauthn/server'
-import { decodeClientDataJSON, isoBase64URL } from '@simplewebauthn/server/helpers'
 import { toIso, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import { newId } from '../lib/ids.ts'
@@ -14,6 +11,16 @@ import type { Passkey } from './mfa.schemas.ts'
 export interface RelyingParty {
   id: string
   origins: string[]
+}
+
+// @simplewebauthn/server (and the X.509 and ASN.1 code under it) is a fifth
+// of start-up's module loading; it is loaded by the first passkey ceremony.
+type WebAuthn = typeof import('@simplewebauthn/server') & typeof import('@simplewebauthn/server/helpers')
+let webauthnModules: Promise<WebAuthn> | undefined
+async function webauthn (): Promise<WebAuthn> {
+  webauthnModules ??= Promise.all([import('@simplewebauthn/server'), import('@simplewebauthn/server/helpers')])
+    .then(([server, helpers]) => ({ ...server, ...helpers }))
+  return await webauthnModules
 }
 
 /** How long a browser has to finish a ceremony once it has the options. */
@@ -31,6 +38,7 @@ function userHandle (userId: string): Uint8Array<ArrayBuffer> {
 
 export async function registrationOptions (db: Db, user: { id: string, username: string }, rp: RelyingParty): Promise<PublicKeyCredentialCreationOptionsJSON> {
   const existing = await listPasskeys(db, user.id)
+  const { generateRegistrationOptions } = await webauthn()
   return await generateRegistrationOptions({
     rpName: RP_NAME,
     rpID: rp.id,
@@ -47,6 +55,7 @@ export async function registrationOptions (db: Db, user: { id: string, username:
 
 export async function authenticationOptions (db: Db, userId: string | null, rp: RelyingParty): Promise<PublicKeyCredentialRequestOptionsJSON> {
   const allow = userId === null ? [] : (await listPasskeys(db, userId)).map(p => ({ id: p.credential_id, transports: toStringArray(p.transports) }))
+  const { generateAuthenticationOptions } = await webauthn()
   return await generateAuthenticationOptions({
     rpID: rp.id,
     timeout: CEREMONY_MS,
@@ -57,7 +66,8 @@ export async function authenticationOptions (db: Db, userId: string | null, rp: 
 }
 
 /** The challenge a browser's response answers (from its client data), or undefined when the response is not one. */
-export function challengeOf (response: unknown): string | undefined {
+export async function challengeOf (response: unknown): Promise<string | undefined> {
+  const { decodeClientDataJSON, isoBase64URL } = await webauthn()
   const clientData = (response as { response?: { clientDataJSON?: unknown } } | null)?.response?.clientDataJSON
   if (typeof clientData !== 'string' || clientData.length > 4096 || !isoBase64URL.isBase64URL(clientData)) return undefined
   try {
@@ -78,6 +88,7 @@ function rejected (detail: string, cause?: unknown): AppError {
  * user chooses will do, as with every passkey-accepting site.
  */
 export async function addPasskey (trx: Db, userId: string, response: unknown, expectedChallenge: string, rp: RelyingParty, name: string, at: string): Promise<Passkey> {
+  const { isoBase64URL, verifyRegistrationResponse } = await webauthn()
   let verified
   try {
     verified = await verifyRegistrationResponse({
@@ -127,6 +138,7 @@ export async function checkAssertion (db: Db, response: unknown, expectedChallen
   const passkey = await findPasskeyByCredentialId(db, credentialId)
   if (passkey === undefined || (userId !== null && passkey.user_id !== userId)) return undefined
   const previous = Number(passkey.sign_count)
+  const { isoBase64URL, verifyAuthenticationResponse } = await webauthn()
   let verified
   try {
     verified = await verifyAuthenticationResponse({

@@ -9,6 +9,7 @@ import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './sessions.routes.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
+import { signInProviders } from '../sso/oidc.service.ts'
 
 const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
 main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(22rem,90vw)}
@@ -32,7 +33,22 @@ export function safeNext (next: unknown): string | undefined {
   return typeof next === 'string' && isSameOriginPath(next) ? next : undefined
 }
 
-function page (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
+function passwordFormHtml (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
+  return `<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
+${options.next !== undefined ? `<input type="hidden" name="next" value="${escapeHtml(options.next)}">\n` : ''}<label for="username">Username or email</label>
+<input id="username" name="username" autocomplete="username" required autofocus value="${escapeHtml(options.username ?? '')}">
+<label for="password">Password</label>
+<input id="password" name="password" type="password" autocomplete="current-password" required>
+<button type="submit">Sign in</button>
+</form>
+`
+}
+
+/** `passwordForm: false`: PASSWORD_SIGN_IN=off with no directory configured, so no password could open anything and no form asks for one. */
+function page (basePath: string, options: { next: string | undefined, username?: string, error?: string, providers?: Array<{ id: string, displayName: string }>, passwordForm?: boolean }): string {
+  const query = options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''
+  // One link per enabled OpenID Connect provider (docs/sso.md).
+  const sso = (options.providers ?? []).map(p => `<p><a class="sso" href="${basePath}/sso/${p.id}/start${query}">Sign in with ${escapeHtml(p.displayName)}</a></p>\n`).join('')
   const error = options.error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(options.error)}</p>` : ''
   return `<!doctype html>
 <html lang="en">
@@ -46,15 +62,8 @@ function page (basePath: string, options: { next: string | undefined, username?:
 <main>
 <h1>Sign in</h1>
 ${error}
-<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
-${options.next !== undefined ? `<input type="hidden" name="next" value="${escapeHtml(options.next)}">\n` : ''}<label for="username">Username or email</label>
-<input id="username" name="username" autocomplete="username" required autofocus value="${escapeHtml(options.username ?? '')}">
-<label for="password">Password</label>
-<input id="password" name="password" type="password" autocomplete="current-password" required>
-<button type="submit">Sign in</button>
-</form>
-<p><a href="${basePath}/login/passkey${options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''}">Sign in with a passkey</a></p>
-</main>
+${options.passwordForm === false ? '' : passwordFormHtml(basePath, options)}<p><a href="${basePath}/login/passkey${options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''}">Sign in with a passkey</a></p>
+${sso}</main>
 </body>
 </html>
 `
@@ -109,6 +118,7 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): voi
 
   // Without a usable next: the web UI's start page if one is configured, else the signed-in page.
   const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
+  const passwordForm = app.config.passwordSignIn || app.config.ldap !== undefined
 
   app.get('/login', { schema: { hide: true } }, async (request, reply) => {
     const next = safeNext((request.query as Record<string, unknown>).next)
@@ -117,7 +127,7 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): voi
     if (principal?.user != null) {
       return sendPage(reply, 200, signedInPage(basePath, principal.user, next ?? app.config.loginDefaultNext))
     }
-    return sendPage(reply, 200, page(basePath, { next }))
+    return sendPage(reply, 200, page(basePath, { next, passwordForm, providers: await signInProviders(deps.db, app.config) }))
   })
 
   app.post('/login', hide, async (request: FastifyRequest, reply) => {
@@ -137,10 +147,14 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): voi
       if (!(error instanceof AppError)) throw error
       if (error.code === 'rate_limited') {
         for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
-        return sendPage(reply, 429, page(basePath, { next, username, error: 'Too many failed sign-ins. Wait a few minutes, then try again.' }))
+        return sendPage(reply, 429, page(basePath, { next, username, providers: await signInProviders(deps.db, app.config), error: 'Too many failed sign-ins. Wait a few minutes, then try again.' }))
+      }
+      if (error.code === 'password_sign_in_disabled' || error.code === 'directory_unavailable') {
+        for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+        return sendPage(reply, error.status, page(basePath, { next, username, passwordForm, providers: await signInProviders(deps.db, app.config), error: error.detail }))
       }
       if (error.code !== 'invalid_credentials') throw error
-      return sendPage(reply, 401, page(basePath, { next, username, error: 'Sign-in failed. Check your username and password.' }))
+      return sendPage(reply, 401, page(basePath, { next, username, providers: await signInProviders(deps.db, app.config), error: 'Sign-in failed. Check your username and password.' }))
     }
   })
 

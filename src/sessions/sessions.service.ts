@@ -13,6 +13,9 @@ import type { User } from '../users/users.schemas.ts'
 import type { Budget, FailureCounter } from './failure-counter.ts'
 import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
 import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
+import { normaliseDn, type LdapConfig } from '../sso/ldap.config.ts'
+import { applyDirectoryAccess, checkWithDirectory, LDAP_PROVIDER, userForDirectoryEntry, type DirectoryUser, type ProvisionRefusal } from '../sso/ldap.service.ts'
+import { findIdentity, findIdentityOfUser } from '../sso/identities.repository.ts'
 import {
   countFailedSignIn, deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionsOfUser, findSessionByDigest, findUsersBySignInKey, hasSignedInFrom, insertSession, lockAccount, recordSignInAddress, touchSession
 } from './sessions.repository.ts'
@@ -28,7 +31,7 @@ export interface SessionsDeps {
   failures: FailureCounter
   config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
   'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' |
-  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins'>
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap'>
   /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
   dummyHash: string
   /** Signs device tokens (see device-trust.ts); the same for every instance. */
@@ -58,7 +61,26 @@ function invalidCredentials (): AppError {
   return new AppError('invalid_credentials', 401, 'The username or password is not right, or this account cannot sign in.')
 }
 
-export type FailureReason = 'unknown_user' | 'wrong_password' | 'no_password' | 'disabled' | 'locked'
+function passwordSignInDisabled (everyone: boolean): AppError {
+  return new AppError('password_sign_in_disabled', 403, everyone
+    ? 'Sign-in with a password is turned off here; use single sign-on or a passkey.'
+    : 'Sign-in with a password is turned off for this account; use single sign-on or a passkey.')
+}
+
+export type FailureReason = 'unknown_user' | 'wrong_password' | 'no_password' | 'disabled' | 'locked' |
+  'password_sign_in_disabled' | 'directory_no_entry' | 'directory_ambiguous' | 'identity_conflict' | ProvisionRefusal
+
+type UserRow = Awaited<ReturnType<typeof findUsersBySignInKey>>[number]
+
+/** What checking the credentials found, before the account's own state (disabled, locked) is looked at. */
+interface CredentialCheck {
+  user: UserRow | undefined
+  valid: boolean
+  /** A failure the check itself decided (no directory entry, no JIT, …). */
+  reason?: FailureReason
+  /** The directory's entry, when the directory accepted the password. */
+  entry?: DirectoryUser
+}
 
 /**
  * Throttling budgets: one account from one address, and one address across
@@ -107,39 +129,53 @@ async function isKnownClient (deps: SessionsDeps, ctx: SignInContext, userId: st
 }
 
 /**
- * Signs a user in by username or email. Every failure, whatever its reason,
- * runs one argon2 verification (against a dummy hash when there is no real
- * one) and answers the same 401, so neither the answer nor its timing tells
- * whether an account exists, is disabled or is locked. The reason is kept in
- * the `user.login_failed` event for administrators.
+ * Signs a user in by username or email, with a local password or, when LDAP
+ * is configured, against the directory (docs/sso.md): a user linked to a
+ * directory entry, and a name no local user has, are checked there; every
+ * other local user with the local hash. Every failure, whatever its reason
+ * and wherever the password was checked, runs one argon2 verification
+ * (against a dummy hash when there is no real one) and answers the same 401,
+ * so neither the answer nor its timing tells whether an account exists, is
+ * disabled or is locked. The reason is kept in the `user.login_failed` event
+ * for administrators. Local password sign-in turned off (PASSWORD_SIGN_IN,
+ * or the user's `password_sign_in`) is said only once the password was right.
  */
 export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier: string, password: string): Promise<SignInResult> {
   const ip = ctx.clientIp ?? 'unknown'
   const key = identifier.toLowerCase()
+  const ldap = deps.config.ldap
+  // Nothing a password could open here: the same answer for every name, before any lookup.
+  if (!deps.config.passwordSignIn && ldap === undefined) throw passwordSignInDisabled(true)
   const candidates = await findUsersBySignInKey(deps.db, key)
   // A username match wins over someone else's email that happens to read the same.
-  const user = candidates.find(u => u.username_key === key) ?? candidates[0]
-  const budgets = throttleBudgets(deps, user !== undefined ? `user:${user.id}` : `name:${key}`, ip)
+  const local = candidates.find(u => u.username_key === key) ?? candidates[0]
+  const viaDirectory = ldap !== undefined && (local === undefined || await findIdentityOfUser(deps.db, local.id, LDAP_PROVIDER) !== undefined)
+  const budgets = throttleBudgets(deps, local !== undefined ? `user:${local.id}` : `name:${key}`, ip)
   await reserveAttempt(deps, budgets)
-  let valid: boolean
+  let check: CredentialCheck
   try {
-    valid = await deps.passwords.verify(user?.password_hash ?? deps.dummyHash, password)
+    check = viaDirectory ? await checkDirectory(deps, ldap!, ctx, local, identifier, password) : await checkLocal(deps, local, password)
   } catch (error) {
-    // Not a failed guess (the hash queue was full, say): the unit goes back.
+    // Not a failed guess (the hash queue was full, the directory is down): the unit goes back.
     await deps.failures.release(budgets.map(b => b.key))
     throw error
   }
+  const { user, valid } = check
   const now = new Date()
   const locked = user?.locked_until != null && new Date(user.locked_until) > now
   // Only a lock or a failure to count needs to know; a plain success does not ask.
   const known = user !== undefined && (locked || !valid) && await isKnownClient(deps, ctx, user.id, now)
+  const via = viaDirectory ? { via: LDAP_PROVIDER } : {}
 
-  let reason: FailureReason | undefined
-  if (user === undefined) reason = 'unknown_user'
-  else if (user.password_hash === null) reason = 'no_password'
-  else if (toBool(user.disabled)) reason = 'disabled'
-  else if (locked && !known) reason = 'locked'
-  else if (!valid) reason = 'wrong_password'
+  // A reason the check itself decided (no directory entry, no JIT, …) stands.
+  let reason: FailureReason | undefined = check.reason
+  if (reason === undefined) {
+    if (user === undefined) reason = 'unknown_user'
+    else if (!viaDirectory && user.password_hash === null) reason = 'no_password'
+    else if (toBool(user.disabled)) reason = 'disabled'
+    else if (locked && !known) reason = 'locked'
+    else if (!valid) reason = 'wrong_password'
+  }
 
   if (reason !== undefined) {
     await deps.db.transaction().execute(async trx => {
@@ -155,28 +191,76 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
         }
       }
       await recordEvent(trx, ctx, 'user.login_failed', user !== undefined ? { type: 'user', id: user.id } : null, {
-        reason, identifier: identifier.slice(0, 254), ...(known ? { known_client: true } : {})
+        reason, identifier: identifier.slice(0, 254), ...via, ...(known ? { known_client: true } : {})
       })
     })
     throw invalidCredentials()
   }
 
-  // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
-  const rehash = deps.passwords.needsRehash(user!.password_hash!) ? await deps.passwords.hash(password) : undefined
   // Not a failure: this attempt's unit goes back to the address, and the account starts afresh here.
   // A second factor still owed has a budget of its own (mfa.service.ts).
   const settle = async (): Promise<void> => {
     await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
   }
-  const secondFactor = await secondFactorNeeded(deps, user!)
+  if (!viaDirectory && (!deps.config.passwordSignIn || !toBool(user!.password_sign_in))) {
+    // The password was right, so saying why it cannot be used tells its owner, and only them, what to do.
+    await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: user!.id }, {
+      reason: 'password_sign_in_disabled', identifier: identifier.slice(0, 254), ...(deps.config.passwordSignIn ? {} : { everyone: true })
+    })
+    await settle()
+    throw passwordSignInDisabled(!deps.config.passwordSignIn)
+  }
+
+  let signingIn = user!
+  if (viaDirectory) {
+    // The directory's groups decide the role before anything depends on it (MFA_REQUIRED=admins).
+    await applyDirectoryAccess(deps.db, ctx, ldap!, signingIn.id, check.entry!)
+    signingIn = await findUserRow(deps.db, signingIn.id) ?? signingIn
+  }
+  // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
+  const rehash = !viaDirectory && deps.passwords.needsRehash(signingIn.password_hash!) ? await deps.passwords.hash(password) : undefined
+  const secondFactor = await secondFactorNeeded(deps, signingIn)
   if (secondFactor !== undefined) {
-    const pending = await openSignInChallenge(deps, ctx, user!, secondFactor, rehash, now)
+    const pending = await openSignInChallenge(deps, ctx, signingIn, secondFactor, rehash, now)
     await settle()
     return { kind: 'mfa', ...pending }
   }
-  const signedIn = await openSession(deps, ctx, user!.id, { locked, rehash, now })
+  const signedIn = await openSession(deps, ctx, signingIn.id, { locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}) })
   await settle()
   return { kind: 'session', ...signedIn }
+}
+
+async function checkLocal (deps: SessionsDeps, user: UserRow | undefined, password: string): Promise<CredentialCheck> {
+  return { user, valid: await deps.passwords.verify(user?.password_hash ?? deps.dummyHash, password) }
+}
+
+/**
+ * The directory's word on the password, and the gatehouse user it signs in
+ * as. The dummy argon2 verification runs alongside, so a directory sign-in
+ * costs what a local one does and timing does not tell local users apart.
+ */
+async function checkDirectory (
+  deps: SessionsDeps, ldap: LdapConfig, ctx: SignInContext, local: UserRow | undefined, identifier: string, password: string
+): Promise<CredentialCheck> {
+  const [result] = await Promise.all([checkWithDirectory(ldap, identifier, password), deps.passwords.verify(deps.dummyHash, password)])
+  if (result.kind === 'no_entry' || result.kind === 'ambiguous') {
+    // A linked user the directory no longer lists (or no longer lets through the filter) is not a password guess.
+    return { user: local, valid: false, reason: result.kind === 'ambiguous' ? 'directory_ambiguous' : local !== undefined ? 'directory_no_entry' : 'unknown_user' }
+  }
+  if (result.kind === 'wrong_password') {
+    const linked = await findIdentity(deps.db, LDAP_PROVIDER, normaliseDn(result.dn))
+    const user = linked !== undefined ? await findUserRow(deps.db, linked.user_id) : local
+    return { user, valid: false }
+  }
+  const resolved = await userForDirectoryEntry(deps.db, ctx, ldap, result.user)
+  if ('refused' in resolved) return { user: undefined, valid: false, reason: resolved.refused }
+  // The typed name is a local user linked to another entry than the one the directory found for it.
+  if (local !== undefined && resolved.userId !== local.id) return { user: local, valid: false, reason: 'identity_conflict' }
+  return { user: local ?? await findUserRow(deps.db, resolved.userId), valid: true, entry: result.user }
+}
+
+async function findUserRow (db: Db, id: string): Promise<UserRow | undefined> {
+  return await db.selectFrom('users').selectAll().where('id', '=', id).executeTakeFirst()
 }
 
 /**
@@ -192,6 +276,8 @@ export async function openSession (
     now: Date
     mfa?: 'totp' | 'recovery_code' | 'passkey'
     passwordless?: boolean
+    /** Where the password was checked, when not here (the `via` of `user.login_succeeded`). */
+    via?: string
     /** Runs first in the session's transaction (spending the second factor); throwing rolls the sign-in back. */
     within?: (trx: Db) => Promise<void>
   }
@@ -207,7 +293,7 @@ export async function openSession (
       // A known client getting in does not lift a lock that strangers are still running into.
       .set({ last_login_at: at, ...(locked ? {} : { failed_logins: 0, locked_until: null }), ...(rehash !== undefined ? { password_hash: rehash } : {}) })
       .where('id', '=', userId)
-      .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
+      .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
       .executeTakeFirstOrThrow()
     await insertSession(trx, {
       id: sessionId,
@@ -227,7 +313,8 @@ export async function openSession (
       ...(rehash !== undefined ? { password_rehashed: true } : {}),
       ...(locked ? { while_locked: true } : {}),
       ...(options.mfa !== undefined ? { mfa: options.mfa } : {}),
-      ...(options.passwordless === true ? { passwordless: true } : {})
+      ...(options.passwordless === true ? { passwordless: true } : {}),
+      ...(options.via !== undefined ? { via: options.via } : {})
     })
     return updated
   })
@@ -244,14 +331,16 @@ export async function authenticateSession (deps: Pick<SessionsDeps, 'db' | 'conf
   const now = Date.now()
   const lastSeen = new Date(row.last_seen_at).getTime()
   if (new Date(row.expires_at).getTime() <= now || lastSeen + deps.config.sessionIdleTimeoutMs <= now) return undefined
-  if (now - lastSeen > TOUCH_INTERVAL_MS) await touchSession(deps.db, row.id, new Date(now).toISOString())
+  const touched = now - lastSeen > TOUCH_INTERVAL_MS
+  if (touched) await touchSession(deps.db, row.id, new Date(now).toISOString())
   return {
     type: 'session',
     id: row.id,
     userId: row.user_id,
     user: { id: row.user_id, username: row.username, role: row.role, groups: toStringArray(row.groups) },
     scopes: new Set(row.role === 'admin' ? ['admin'] : []),
-    mfa: toBool(row.mfa)
+    mfa: toBool(row.mfa),
+    validUntil: Math.min(new Date(row.expires_at).getTime(), (touched ? now : lastSeen) + deps.config.sessionIdleTimeoutMs)
   }
 }
 

@@ -19,6 +19,8 @@ export interface NewUserRow {
   role: 'admin' | 'user'
   groups: string
   disabled: boolean
+  /** Default true (the column's default). */
+  password_sign_in?: boolean
   password_hash: string | null
   version: number
   created_at: string
@@ -29,7 +31,7 @@ export interface NewUserRow {
 
 /** The columns a User is made of: never the password hash. */
 const PUBLIC_COLUMNS = [
-  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled',
+  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
   'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
 ] as const
 export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
@@ -179,7 +181,7 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
     // an aggregate); an explicit ORDER BY inside the aggregate would sort the
     // page a second time. PostgreSQL is told the order explicitly.
     const aggregate = pg
-      ? sql<string | null>`(json_agg(${USER_JSON_PG} order by ${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}))::text`
+      ? sql<string | null>`'[' || string_agg(${USER_JSON_PG}, ',' order by ${sql.ref(column)} ${sql.raw(direction)}, id ${sql.raw(direction)}) || ']'`
       : sql<string | null>`json_group_array(${USER_JSON_SQLITE})`
     return db.selectFrom(page.as('p')).select([aggregate.as('json'), sql<number | string>`count(*)`.as('n')])
   }, {
@@ -197,7 +199,7 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
   const json = row.json ?? '[]'
   if (Number(row.n) <= limit) return { json, next: undefined }
   // Each element starts with this text, and it cannot occur inside one: quotes in strings are escaped.
-  const marker = pg ? ', {"id" : "' : ',{"id":"'
+  const marker = ',{"id":"'
   const trimmed = json.slice(0, json.lastIndexOf(marker)) + ']'
   const lastStart = trimmed.lastIndexOf(marker)
   const last = JSON.parse(trimmed.slice(lastStart === -1 ? 1 : lastStart + marker.indexOf('{'), -1)) as { id: string, username: string, created_at: string, updated_at: string }
@@ -209,14 +211,30 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
 const USER_JSON_SQLITE = sql<string>`json_object(
   'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
   'role', role, 'groups', json(groups), 'disabled', json(case when disabled then 'true' else 'false' end),
+  'password_sign_in', json(case when password_sign_in then 'true' else 'false' end),
   'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
   'password_changed_at', password_changed_at)`
 
-const USER_JSON_PG = sql<string>`json_build_object(
-  'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
-  'role', role, 'groups', groups, 'disabled', disabled,
-  'created_at', ${sql.raw(isoText('created_at'))}, 'updated_at', ${sql.raw(isoText('updated_at'))},
-  'last_login_at', ${sql.raw(isoText('last_login_at'))}, 'password_changed_at', ${sql.raw(isoText('password_changed_at'))})`
+/**
+ * The same, as compact text: json_build_object and json_agg write `"a" : 1, `,
+ * a tenth more bytes on the wire, and cost PostgreSQL about a third more CPU
+ * per row than this. Strings go through to_json (escaping), absent values
+ * become null. Only `groups` is jsonb's own text (`["a", "b"]`, a space
+ * after each comma): rebuilding it compactly cost more than the old form.
+ */
+const USER_JSON_PG = sql<string>`'{"id":' || to_json(id)::text || ',"username":' || to_json(username)::text ||
+  ',"email":' || ${sql.raw(jsonText('email'))} || ',"first_name":' || ${sql.raw(jsonText('first_name'))} ||
+  ',"last_name":' || ${sql.raw(jsonText('last_name'))} || ',"role":' || to_json(role)::text ||
+  ',"groups":' || groups::text || ',"disabled":' || case when disabled then 'true' else 'false' end ||
+  ',"password_sign_in":' || case when password_sign_in then 'true' else 'false' end ||
+  ',"created_at":' || ${sql.raw(jsonText(isoText('created_at')))} || ',"updated_at":' || ${sql.raw(jsonText(isoText('updated_at')))} ||
+  ',"last_login_at":' || ${sql.raw(jsonText(isoText('last_login_at')))} ||
+  ',"password_changed_at":' || ${sql.raw(jsonText(isoText('password_changed_at')))} || '}'`
+
+/** A text expression as JSON text: a quoted, escaped string, or null. */
+function jsonText (expression: string): string {
+  return `coalesce(to_json(${expression})::text, 'null')`
+}
 
 /** A timestamptz as the RFC 3339 UTC text the API uses everywhere (`toISOString()` form). */
 function isoText (column: string): string {

@@ -142,7 +142,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       // the JSON text goes out as it is: a string with a JSON type is not serialized again.
       reply.type('application/json; charset=utf-8')
       if (limit === undefined && cursor === undefined) {
-        return await reply.send(Readable.from(streamUsersJson(deps, filter, sort)) as never)
+        return await reply.send(Readable.from(await streamUsersJson(deps, filter, sort)) as never)
       }
       const page = await listUsersPage(deps, filter, sort, limit ?? 100, cursor)
       if (page.nextCursor !== undefined) setNextLink(request, reply, page.nextCursor)

@@ -25,6 +25,10 @@ const Password = Type.String({
   description: 'Write-only: never returned. 8 to 256 characters, not containing the username.'
 })
 const NullableTimestamp = Nullable(Timestamp())
+const PasswordSignIn = Type.Boolean({
+  description: 'Whether this user may sign in with a local password (default true). False: only single sign-on, LDAP or a passkey. ' +
+    'PASSWORD_SIGN_IN=off turns password sign-in off for everyone, whatever this says. A user cannot change it for themselves.'
+})
 
 // Read back as written: the bounds of UserCreate hold for every stored user.
 export const User = Type.Object({
@@ -36,6 +40,7 @@ export const User = Type.Object({
   role: Role,
   groups: Groups,
   disabled: Type.Boolean(),
+  password_sign_in: PasswordSignIn,
   created_at: Timestamp(),
   updated_at: Timestamp(),
   last_login_at: NullableTimestamp,
@@ -71,7 +76,8 @@ export const UserCreate = Type.Object({
   last_name: Type.Optional(withExample(Nullable(Name), CREATE_EXAMPLE.last_name)),
   role: Type.Optional(withExample(Role, CREATE_EXAMPLE.role)),
   groups: Type.Optional(withExample(Groups, CREATE_EXAMPLE.groups)),
-  disabled: Type.Optional(Type.Boolean({ examples: [CREATE_EXAMPLE.disabled] }))
+  disabled: Type.Optional(Type.Boolean({ examples: [CREATE_EXAMPLE.disabled] })),
+  password_sign_in: Type.Optional(PasswordSignIn)
 }, {
   $id: 'UserCreate',
   additionalProperties: false,
@@ -89,7 +95,8 @@ export const UserPatch = Type.Object({
   last_name: Type.Optional(Nullable(Name)),
   role: Type.Optional(Role),
   groups: Type.Optional(Groups),
-  disabled: Type.Optional(Type.Boolean({ description: 'Disabling ends the user\'s API keys.' }))
+  disabled: Type.Optional(Type.Boolean({ description: 'Disabling ends the user\'s API keys.' })),
+  password_sign_in: Type.Optional(PasswordSignIn)
 }, {
   $id: 'UserPatch',
   additionalProperties: false,

@@ -37,7 +37,8 @@ export interface UsersDeps {
 /** A user plus the version its ETag is made from. */
 export interface VersionedUser { user: User, version: number }
 
-export function toUser (row: PublicUserRow): User {
+/** A row not yet written may leave out `password_sign_in`: the column's default, true, is what it will be. */
+export function toUser (row: Omit<PublicUserRow, 'password_sign_in'> & { password_sign_in?: PublicUserRow['password_sign_in'] | undefined }): User {
   return {
     id: row.id,
     username: row.username,
@@ -47,6 +48,7 @@ export function toUser (row: PublicUserRow): User {
     role: row.role,
     groups: toStringArray(row.groups),
     disabled: toBool(row.disabled),
+    password_sign_in: toBool(row.password_sign_in ?? true),
     created_at: toIso(row.created_at),
     updated_at: toIso(row.updated_at),
     last_login_at: toIso(row.last_login_at),
@@ -68,6 +70,7 @@ function newUserRow (input: Omit<UserCreate, 'password'>, passwordHash: string |
     role: input.role ?? 'user',
     groups: JSON.stringify(input.groups ?? []),
     disabled: input.disabled ?? false,
+    password_sign_in: input.password_sign_in ?? true,
     password_hash: passwordHash,
     version: 1,
     created_at: now,
@@ -154,22 +157,27 @@ export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: 
  * Every matching user, as the JSON text of one array, a batch at a time.
  * Batches follow the same keyset as pages, so no database connection or lock
  * is held while a slow client reads, and memory stays at one batch however
- * many users exist.
+ * many users exist. The first batch is read before the answer starts: a
+ * database that is down then still gets a 503, not a 200 cut off mid-body
+ * (with credentials cached, the database may not be asked before this).
  */
-export async function * streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): AsyncGenerator<string> {
-  let after: [string, string] | undefined
-  let first = true
-  yield '['
-  do {
-    const page = await listUsersJson(deps.db, filter, sort, batchSize, after)
-    const items = page.json.slice(1, -1)
-    if (items !== '') {
-      yield first ? items : ',' + items
-      first = false
+export async function streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): Promise<AsyncGenerator<string>> {
+  const first = await listUsersJson(deps.db, filter, sort, batchSize, undefined)
+  return (async function * () {
+    let page = first
+    let separator = ''
+    yield '['
+    for (;;) {
+      const items = page.json.slice(1, -1)
+      if (items !== '') {
+        yield separator + items
+        separator = ','
+      }
+      if (page.next === undefined) break
+      page = await listUsersJson(deps.db, filter, sort, batchSize, page.next)
     }
-    after = page.next
-  } while (after !== undefined)
-  yield ']'
+    yield ']'
+  })()
 }
 
 export async function updateUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, patch: UserPatch, ifMatch: string | undefined): Promise<VersionedUser> {
@@ -213,6 +221,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     if (patch.role !== undefined) { changes.role = patch.role; note('role', patch.role) }
     if (patch.groups !== undefined) { changes.groups = JSON.stringify(patch.groups); note('groups', patch.groups) }
     if (patch.disabled !== undefined) { changes.disabled = patch.disabled; note('disabled', patch.disabled) }
+    if (patch.password_sign_in !== undefined) { changes.password_sign_in = patch.password_sign_in; note('password_sign_in', patch.password_sign_in) }
     if (passwordHash !== undefined) {
       changes.password_hash = passwordHash
       changes.password_changed_at = now
