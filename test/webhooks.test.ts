@@ -209,6 +209,34 @@ for (const dialect of dialects()) {
       await t.app.inject({ method: 'DELETE', url: `/auth/api/webhooks/${hook.id}`, headers: auth(t.adminKey) })
     })
 
+    it('sends a retry asked for while that delivery is in flight, instead of letting the attempt\'s answer swallow it', async () => {
+      let release: (() => void) | undefined
+      const held = new Promise<void>(resolve => { release = resolve })
+      let arrived = false
+      // The first request is held open: the retry lands between the receiver taking it and the worker recording it.
+      const firstN = receiver.received.length
+      receiver.answer = async ({ n }) => {
+        if (n !== firstN) return 200
+        arrived = true
+        await held
+        return 200
+      }
+      const hook = await createHook(t, { url, event_types: ['user.created'] })
+      const user = await createUser(t)
+      const event = await eventOf(t, 'user.created', user.id)
+      await waitFor('the first attempt to reach the receiver', () => arrived)
+      const retry = await t.app.inject({ method: 'POST', url: `/auth/api/webhooks/${hook.id}/deliveries/${event.id}/retry`, headers: auth(t.adminKey) })
+      assert.equal(retry.statusCode, 202, retry.body)
+      release!()
+      await waitFor('the retried delivery', () => receiver.accepted().get(event.id) === 2)
+      const delivery = async (): Promise<{ status: string, attempts: number }> =>
+        (await t.app.inject({ url: `/auth/api/webhooks/${hook.id}/deliveries?limit=1`, headers: auth(t.adminKey) })).json()[0]
+      await waitFor('the delivery to settle', async () => { const d = await delivery(); return d.status === 'delivered' && d.attempts === 2 })
+      const attempts = (await t.app.inject({ url: `/auth/api/webhooks/${hook.id}/attempts?event_id=${event.id}`, headers: auth(t.adminKey) })).json()
+      assert.equal(attempts.length, 2)
+      await t.app.inject({ method: 'DELETE', url: `/auth/api/webhooks/${hook.id}`, headers: auth(t.adminKey) })
+    })
+
     it('sends a signed test ping and reports the answer', async () => {
       receiver.answer = ({ body }) => body.includes('webhook.ping') ? 202 : 500
       const hook = await createHook(t, { url })

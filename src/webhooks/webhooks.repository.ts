@@ -175,12 +175,25 @@ export interface AttemptOutcome {
  * ours. Returns false when it is not (the lease ran out and another worker
  * took the row): then nothing is written.
  */
+/**
+ * A retry or replay that lands while the delivery is in flight must not be
+ * swallowed by that attempt's result: it renames the lease (so no other worker
+ * claims the row before the lease ends) and completeDelivery, seeing the
+ * renamed token, records the attempt but leaves the delivery pending and due.
+ */
+const REQUEUED = 'requeued:'
+// Qualified: in an upsert's DO UPDATE a bare column name is ambiguous with the proposed row on PostgreSQL.
+const current = sql.ref('webhook_deliveries.lock_token')
+const markRequeued = sql<string | null>`case when ${current} is null or ${current} like ${REQUEUED + '%'} then ${current} else ${REQUEUED} || ${current} end`
+
+/** Records an attempt made under `token`; false when the lease was lost (the row was claimed again or deleted). */
 export async function completeDelivery (trx: Db, delivery: { endpoint_id: string, event_id: string }, token: string, outcome: AttemptOutcome): Promise<boolean> {
+  const requeued = sql<boolean>`lock_token = ${REQUEUED + token}`
   const updated = await trx.updateTable('webhook_deliveries')
     .set({
-      status: outcome.status,
+      status: sql`case when ${requeued} then 'pending' else ${outcome.status} end`,
       attempts: sql`attempts + 1`,
-      next_attempt_at: outcome.nextAttemptAt,
+      next_attempt_at: sql`case when ${requeued} then next_attempt_at else ${outcome.nextAttemptAt} end`,
       locked_until: null,
       lock_token: null,
       last_attempt_at: outcome.at,
@@ -188,9 +201,11 @@ export async function completeDelivery (trx: Db, delivery: { endpoint_id: string
       last_error: outcome.error,
       ...(outcome.status === 'delivered' ? { delivered_at: outcome.at } : {})
     })
-    .where('endpoint_id', '=', delivery.endpoint_id).where('event_id', '=', delivery.event_id).where('lock_token', '=', token)
+    .where('endpoint_id', '=', delivery.endpoint_id).where('event_id', '=', delivery.event_id)
+    .where('lock_token', 'in', [token, REQUEUED + token])
+    .returning(['status', 'next_attempt_at'])
     .executeTakeFirst()
-  if (Number(updated.numUpdatedRows) === 0) return false
+  if (updated === undefined) return false
   await trx.insertInto('webhook_attempts').values({
     id: outcome.attemptId,
     endpoint_id: delivery.endpoint_id,
@@ -200,7 +215,7 @@ export async function completeDelivery (trx: Db, delivery: { endpoint_id: string
     status_code: outcome.statusCode,
     latency_ms: outcome.latencyMs,
     error: outcome.error,
-    next_attempt_at: outcome.status === 'pending' ? outcome.nextAttemptAt : null
+    next_attempt_at: updated.status === 'pending' ? new Date(updated.next_attempt_at).toISOString() : null
   }).execute()
   return true
 }
@@ -231,7 +246,7 @@ export async function findDelivery (db: Db, endpointId: string, eventId: string)
 /** Due now and retried for a fresh horizon. A delivery in flight keeps its claim; its result may then overwrite this. */
 export async function requeueDelivery (db: Db, endpointId: string, eventId: string, at: string, giveUpAt: string): Promise<boolean> {
   const result = await db.updateTable('webhook_deliveries')
-    .set({ status: 'pending', next_attempt_at: at, give_up_at: giveUpAt })
+    .set({ status: 'pending', next_attempt_at: at, give_up_at: giveUpAt, lock_token: markRequeued })
     .where('endpoint_id', '=', endpointId).where('event_id', '=', eventId)
     .executeTakeFirst()
   return Number(result.numUpdatedRows) > 0
@@ -254,7 +269,7 @@ export async function requeueRange (db: Db, endpoint: WebhookEndpointRow, range:
     select ${endpoint.id}, ev.id, 'pending', 0, ${range.at}, ${range.giveUpAt}, ${range.at} from events ev
     where ev.id >= ${range.idFrom} and ev.id < ${range.idTo}
       and ev.occurred_at >= ${range.since} and ev.occurred_at < ${range.until} and ${match}
-    on conflict (endpoint_id, event_id) do update set status = 'pending', next_attempt_at = excluded.next_attempt_at, give_up_at = excluded.give_up_at`.execute(db)
+    on conflict (endpoint_id, event_id) do update set status = 'pending', next_attempt_at = excluded.next_attempt_at, give_up_at = excluded.give_up_at, lock_token = ${markRequeued}`.execute(db)
   return Number(result.numAffectedRows ?? 0n)
 }
 
