@@ -10,6 +10,7 @@ import { findTakenKeys, findUserById, insertUser, lockEnabledAdminIds, updateUse
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 import { toUser } from '../users/users.service.ts'
 import { findIdentity, insertIdentity, touchIdentity } from './identities.repository.ts'
+import { externalUserRow } from './identities.service.ts'
 import { normaliseDn, type LdapConfig } from './ldap.config.ts'
 
 /** What the directory says of a user it found by the typed identifier. */
@@ -215,24 +216,15 @@ export async function userForDirectoryEntry (
       if (taken.usernames.size > 0) return { refused: 'username_taken' as const }
       // Someone else's address is left off rather than refusing the sign-in; an admin can sort it out.
       const email = entry.email !== undefined && taken.emails.size === 0 && entry.email.length <= 254 ? entry.email : null
-      const row = await insertUser(trx, {
-        id: newId(),
+      const row = await insertUser(trx, externalUserRow({
         username,
-        username_key: username.toLowerCase(),
         email,
-        email_key: email?.toLowerCase() ?? null,
-        first_name: entry.firstName?.slice(0, 200) ?? null,
-        last_name: entry.lastName?.slice(0, 200) ?? null,
+        firstName: entry.firstName,
+        lastName: entry.lastName,
         role: access.role ?? 'user',
-        groups: JSON.stringify(access.groups ?? []),
-        disabled: false,
-        password_hash: null,
-        version: 1,
-        created_at: at,
-        updated_at: at,
-        last_login_at: null,
-        password_changed_at: null
-      })
+        groups: access.groups ?? [],
+        at
+      }))
       const user = toUser(row)
       const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...fields } = user
       await recordEvent(trx, ctx, 'user.created', { type: 'user', id: user.id }, { ...fields, source: LDAP_PROVIDER })

@@ -82,19 +82,24 @@ const CREATE_EXAMPLE = {
   admin_groups: ['gatehouse-admins']
 }
 
-export const OidcProviderCreate = Type.Object({
-  id: ProviderId,
-  display_name: DisplayName,
-  issuer: Issuer,
-  client_id: ClientId,
+/** The fields that are optional both when a provider is created and when it is patched. */
+const optionalProviderFields = {
   client_secret: Type.Optional(Nullable(ClientSecret)),
   scopes: Type.Optional(Scopes),
-  enabled: Type.Optional(Type.Boolean({ default: true })),
   jit: Type.Optional(settings.jit),
   link_by_email: Type.Optional(settings.link_by_email),
   groups_claim: Type.Optional(Nullable(GroupsClaim)),
   group_map: Type.Optional(GroupMap),
   admin_groups: Type.Optional(AdminGroups)
+}
+
+export const OidcProviderCreate = Type.Object({
+  id: ProviderId,
+  display_name: DisplayName,
+  issuer: Issuer,
+  client_id: ClientId,
+  enabled: Type.Optional(Type.Boolean({ default: true })),
+  ...optionalProviderFields
 }, {
   $id: 'OidcProviderCreate',
   additionalProperties: false,
@@ -107,14 +112,8 @@ export const OidcProviderPatch = Type.Object({
   display_name: Type.Optional(DisplayName),
   issuer: Type.Optional(Issuer),
   client_id: Type.Optional(ClientId),
-  client_secret: Type.Optional(Nullable(ClientSecret)),
-  scopes: Type.Optional(Scopes),
   enabled: Type.Optional(settings.enabled),
-  jit: Type.Optional(settings.jit),
-  link_by_email: Type.Optional(settings.link_by_email),
-  groups_claim: Type.Optional(Nullable(GroupsClaim)),
-  group_map: Type.Optional(GroupMap),
-  admin_groups: Type.Optional(AdminGroups)
+  ...optionalProviderFields
 }, {
   $id: 'OidcProviderPatch',
   additionalProperties: false,

@@ -13,6 +13,7 @@ import { findUserById, insertUser, lockEnabledAdminIds, type NewUserRow, type Us
 import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
 import { openSession, reserveAttempt, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
 import { findIdentity, findIdentityOfUser, insertIdentity, touchIdentity } from './identities.repository.ts'
+import { externalUserRow } from './identities.service.ts'
 import { deleteLoginsBefore, findProviderRow, insertLogin, listProviderRows, takeLogin, type ProviderRow } from './oidc.repository.ts'
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
@@ -336,25 +337,16 @@ export async function finishLogin (
       const access = mappedAccess(provider, claims, [], 'user')
       who = {
         user: undefined,
-        create: {
-          id: newId(),
+        // An email goes onto the account only when the provider vouches for it and nobody else has it.
+        create: externalUserRow({
           username,
-          username_key: username.toLowerCase(),
-          // An email goes onto the account only when the provider vouches for it and nobody else has it.
           email: verified && owner === undefined ? email : null,
-          email_key: verified && owner === undefined ? email!.toLowerCase() : null,
-          first_name: claimString(claims, 'given_name', 200) ?? null,
-          last_name: claimString(claims, 'family_name', 200) ?? null,
+          firstName: claimString(claims, 'given_name', 200),
+          lastName: claimString(claims, 'family_name', 200),
           role: access.role,
-          groups: JSON.stringify(access.groups),
-          disabled: false,
-          password_hash: null,
-          version: 1,
-          created_at: at,
-          updated_at: at,
-          last_login_at: null,
-          password_changed_at: null
-        },
+          groups: access.groups,
+          at
+        }),
         link: 'jit',
         identityId: newId()
       }
