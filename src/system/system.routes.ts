@@ -1,11 +1,10 @@
-import { readFileSync } from 'node:fs'
 import { Type } from 'typebox'
 import type { Redis } from 'ioredis'
 import type { FastifyTypeBox } from '../app.ts'
 import { pingDb, dialectOf } from '../db/database.ts'
 import { problems } from '../lib/openapi.ts'
-
-const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+// Imported rather than read next to this file: the build bundles it, and dist/ is not where src/ is.
+import pkg from '../../package.json' with { type: 'json' }
 
 /** The release this build is: `GET /api/version` and the OpenAPI `info.version`. */
 export const RELEASE = pkg.version

@@ -1,0 +1,130 @@
+import assert from 'node:assert/strict'
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { connect, createServer } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, before, describe, it } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import pg from 'pg'
+import { dialects, GOOD_PASSWORD } from './helpers.ts'
+
+const root = fileURLToPath(new URL('..', import.meta.url))
+const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
+
+function redisReachable (): Promise<boolean> {
+  return new Promise(resolve => {
+    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
+    socket.on('error', () => resolve(false))
+    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
+  })
+}
+
+async function freePort (): Promise<number> {
+  const server = createServer().listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const { port } = server.address() as { port: number }
+  server.close()
+  return port
+}
+
+/**
+ * `npm start` runs the bundle in dist/, not the sources the other tests load
+ * through tsx: what the bundler leaves out or moves (assets read next to a
+ * module, package.json, packages that find their files through __dirname,
+ * lazily loaded chunks) only shows in that build, so it is built and started
+ * here as `npm install && npm start` would.
+ */
+describe('the built service (npm run build, then node dist/server.js)', () => {
+  let tmp: string
+  before(() => {
+    tmp = mkdtempSync(join(tmpdir(), 'gatehouse-build-'))
+    const build = spawnSync(process.execPath, [join(root, 'scripts/build.js')], { cwd: root, encoding: 'utf8' })
+    assert.equal(build.status, 0, build.stderr)
+  })
+  after(() => { rmSync(tmp, { recursive: true, force: true }) })
+
+  for (const dialect of dialects()) {
+    // With PostgreSQL, Redis too when there is one (CI has): ioredis and the rate limiter's Redis store are loaded from outside the bundle.
+    it(`starts from dist/ on ${dialect.name} and serves the API, the docs, the pages' assets and the lazily loaded second factors`, { timeout: 60_000 }, async () => {
+      const port = await freePort()
+      const redis = dialect.url !== undefined && await redisReachable()
+      const schema = `gh_build_${randomBytes(6).toString('hex')}`
+      const env: NodeJS.ProcessEnv = {
+        PATH: process.env.PATH,
+        HOME: process.env.HOME,
+        HOST: '127.0.0.1',
+        PORT: String(port),
+        LOG_LEVEL: 'warn',
+        DATABASE_URL: dialect.url ?? `sqlite:${join(tmp, 'built.db')}`,
+        ...(dialect.url !== undefined ? { DATABASE_SCHEMA: schema } : {}),
+        ...(redis ? { REDIS_URL: 'redis://127.0.0.1:6379' } : {}),
+        GATEHOUSE_ADMIN_USERNAME: 'builtadmin',
+        GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD,
+        MFA_ENCRYPTION_KEY: randomBytes(32).toString('base64')
+      }
+      const child: ChildProcess = spawn(process.execPath, [join(root, 'dist/server.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] })
+      let output = ''
+      child.stdout!.setEncoding('utf8').on('data', (d: string) => { output += d })
+      child.stderr!.setEncoding('utf8').on('data', (d: string) => { output += d })
+      const base = `http://127.0.0.1:${port}/auth`
+      try {
+        const deadline = Date.now() + 30_000
+        for (;;) {
+          assert.equal(child.exitCode, null, `dist/server.js exited: ${output}`)
+          const ready = await fetch(`${base}/readyz`).catch(() => undefined)
+          if (ready?.status === 200) {
+            assert.deepEqual(Object.keys((await ready.json() as { checks: object }).checks), redis ? ['database', 'redis'] : ['database'])
+            break
+          }
+          assert.ok(Date.now() < deadline, `not ready in 30 s: ${output}`)
+          await new Promise(resolve => setTimeout(resolve, 50))
+        }
+
+        const version = await (await fetch(`${base}/api/version`)).json() as { version: string, database: string }
+        assert.deepEqual({ version: version.version, database: version.database }, { version: pkg.version, database: dialect.name })
+
+        const signIn = await fetch(`${base}/api/login`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ username: 'builtadmin', password: GOOD_PASSWORD }) })
+        assert.equal(signIn.status, 200, await signIn.clone().text())
+        const { token } = await signIn.json() as { token: string }
+        const users = await fetch(`${base}/api/users`, { headers: { authorization: `Bearer ${token}` } })
+        assert.equal(users.status, 200)
+        assert.deepEqual((await users.json() as Array<{ username: string }>).map(u => u.username), ['builtadmin'])
+
+        const docs = await fetch(`${base}/docs/`)
+        assert.equal(docs.status, 200)
+        assert.match(await docs.text(), /swagger-ui/i)
+        const spec = await (await fetch(`${base}/openapi.json`)).json() as { info: { version: string } }
+        assert.equal(spec.info.version, pkg.version)
+
+        for (const [path, file] of [['admin/assets/console.css', 'src/console/assets/console.css'], ['admin/assets/console.js', 'src/console/assets/console.js']] as const) {
+          const asset = await fetch(`${base}/${path}`)
+          assert.equal(asset.status, 200, path)
+          assert.equal(await asset.text(), readFileSync(join(root, file), 'utf8'), path)
+        }
+        const mfaScript = await fetch(`${base}/assets/mfa.js`)
+        assert.equal(await mfaScript.text(), readFileSync(join(root, 'src/mfa/assets/mfa.js'), 'utf8'))
+        assert.equal((await fetch(`${base}/assets/webauthn.js`)).status, 200)
+        // Passkeys load @simplewebauthn/server as a chunk of its own, on first use.
+        const passkey = await fetch(`${base}/api/me/passkeys/options`, { method: 'POST', headers: { authorization: `Bearer ${token}` } })
+        assert.equal(passkey.status, 200, await passkey.clone().text())
+        assert.equal(typeof (await passkey.json() as { options: { challenge?: unknown } }).options.challenge, 'string')
+        // So do otplib and qrcode, for an authenticator app.
+        const totp = await fetch(`${base}/api/me/mfa/totp`, { method: 'POST', headers: { authorization: `Bearer ${token}` } })
+        assert.equal(totp.status, 200, await totp.clone().text())
+        assert.match((await totp.json() as { qr_svg: string }).qr_svg, /^<svg /)
+      } finally {
+        child.kill('SIGTERM')
+        if (child.exitCode === null) await once(child, 'exit')
+        if (dialect.url !== undefined) {
+          const client = new pg.Client({ connectionString: dialect.url })
+          await client.connect()
+          await client.query(`drop schema if exists "${schema}" cascade`)
+          await client.end()
+        }
+      }
+    })
+  }
+})
