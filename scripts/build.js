@@ -5,8 +5,11 @@
 //
 // - Two bundles, dist/server.js (`npm start`) and dist/cli/main.js (the
 //   `gatehouse` command, which also serves).
-// - Left outside the bundle: native addons, and packages that find their own
-//   files through __dirname (Swagger UI's static files, ioredis's version).
+// - Left outside the bundle: native addons, ioredis (it reads its own
+//   package.json through __dirname; Swagger UI, which serves its files from
+//   there, is bundled with its own directory put back: OWN_DIRNAME below),
+//   and the packages only some deployments load, lazily (PostgreSQL, passkeys,
+//   TOTP, OIDC, LDAP).
 // - Modules that read files next to themselves (the console's and the MFA
 //   pages' CSS and scripts, `new URL('./assets/…', import.meta.url)`) run from
 //   dist/server.js or dist/cli/main.js, so those files are copied to
@@ -16,7 +19,8 @@
 // dist/.built is written last: the `gatehouse` command (bin/gatehouse.js)
 // runs dist/ only while it is newer than every file in src/.
 import { cpSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
-import { join } from 'node:path'
+import { readFile } from 'node:fs/promises'
+import { dirname, join, relative, sep } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
@@ -39,9 +43,35 @@ try {
 export const EXTERNAL = [
   // Native addons (and the optional one pg tries).
   'better-sqlite3', 'better-sqlite3-node-api', '@node-rs/argon2', '@node-rs/bcrypt', 'pg-native',
-  // They locate their own files through __dirname.
-  '@fastify/swagger-ui', 'ioredis'
+  // It locates its own package.json through __dirname.
+  'ioredis',
+  // Imported lazily (`await import()`), when a deployment first needs them:
+  // outside the bundle, a start-up that does not need them neither loads nor
+  // compiles them, and Node's own import gives CommonJS packages their named exports.
+  'pg', '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts'
 ]
+
+// Bundled CommonJS packages that find their own files through __dirname:
+// each of their modules gets the directory it has in node_modules, found at
+// run time from the bundle (so a moved installation still works).
+const OWN_DIRNAME = ['@fastify/swagger-ui']
+const ownDirname = {
+  name: 'own-dirname',
+  setup (build) {
+    for (const name of OWN_DIRNAME) {
+      const dir = join(root, 'node_modules', name)
+      build.onLoad({ filter: new RegExp(`^${dir.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}[\\/].*\\.js$`) }, async (args) => {
+        const within = relative(dir, dirname(args.path)).split(sep).join('/')
+        const contents = await readFile(args.path, 'utf8')
+        return {
+          contents: `var __dirname = require('node:path').join(require('node:path').dirname(require.resolve(${JSON.stringify(`${name}/package.json`)})), ${JSON.stringify(within)});\n${contents}`,
+          loader: 'js',
+          resolveDir: dirname(args.path)
+        }
+      })
+    }
+  }
+}
 
 rmSync(dist, { recursive: true, force: true })
 const result = await esbuild.build({
@@ -71,7 +101,8 @@ const result = await esbuild.build({
   minifySyntax: true,
   sourcemap: 'linked',
   logLevel: 'warning',
-  metafile: true
+  metafile: true,
+  plugins: [ownDirname]
 })
 if (result.errors.length > 0) process.exit(1)
 

@@ -227,7 +227,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await redis?.quit().catch(() => { redis.disconnect() })
   })
   // Verified against when a sign-in has no real hash to check, so every failure costs one argon2 verification.
-  const dummyHash = await passwords.hash(randomSecret('dummy_'))
+  // Hashed on the thread pool while the routes below are set up; awaited before the sign-in routes need it.
+  const dummyHashing = passwords.hash(randomSecret('dummy_'))
+  dummyHashing.catch(() => {}) // a failure surfaces at the await below, not as an unhandled rejection meanwhile
   const deviceKey = deviceKeyOf(db)
 
   registerErrorHandling(app)
@@ -301,6 +303,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
     await api.register(webhooksRoutes, { sender: webhooks.sender })
+    const dummyHash = await dummyHashing
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })

@@ -304,6 +304,8 @@ const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE'] as const
 
 function allowedMethods (app: FastifyInstance, request: FastifyRequest): string[] {
   const url = request.url.split('?')[0] ?? ''
+  // A route of this method took the request and found nothing (a static file that is not there): that is 404, not 405.
+  if (app.findRoute({ method: request.method as (typeof METHODS)[number], url }) !== null) return []
   return METHODS.filter(method => method !== request.method && app.findRoute({ method, url }) !== null)
 }
 

@@ -96,6 +96,10 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         const docs = await fetch(`${base}/docs/`)
         assert.equal(docs.status, 200)
         assert.match(await docs.text(), /swagger-ui/i)
+        // Swagger UI serves these from its own directory, which the bundle has to give back to it.
+        for (const file of ['swagger-ui.css', 'swagger-ui-bundle.js', 'logo.svg']) {
+          assert.equal((await fetch(`${base}/docs/static/${file}`)).status, 200, file)
+        }
         const spec = await (await fetch(`${base}/openapi.json`)).json() as { info: { version: string } }
         assert.equal(spec.info.version, pkg.version)
 

@@ -26,6 +26,11 @@ for (const dialect of dialects()) {
       assertProblem(await t.app.inject({ url: '/elsewhere' }), 404, 'route_not_found')
     })
 
+    it('answers a missing documentation file with 404, not 405 (its route exists for the method)', async () => {
+      assertProblem(await t.app.inject({ url: '/auth/docs/static/nothing-here.js' }), 404, 'route_not_found')
+      assert.equal((await t.app.inject({ url: '/auth/docs/static/swagger-ui.css' })).statusCode, 200)
+    })
+
     it('answers a wrong method with 405 and Allow', async () => {
       const res = await t.app.inject({ method: 'PUT', url: '/auth/api/users', headers: auth(t.adminKey) })
       assertProblem(res, 405, 'method_not_allowed')

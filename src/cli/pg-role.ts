@@ -1,6 +1,9 @@
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { CliError, UsageError } from './output.ts'
+import { roleNameProblem } from '../lib/pg-role-name.ts'
+
+export { roleNameProblem }
 
 /**
  * The optional database-user step (docs/cli.md, PRODUCT.md §10): a
@@ -20,20 +23,6 @@ export type Privilege = typeof PRIVILEGES[number]
  */
 export const OPTIONAL_PRIVILEGES = ['superuser', 'createdb', 'createrole'] as const
 export const DEFAULT_PRIVILEGES = 'createdb'
-
-/** Names CREATE ROLE refuses or that would shadow a role every cluster has. */
-const RESERVED = new Set(['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role', 'all'])
-/** Lower-case, so quoting changes nothing; 63 bytes at most, so PostgreSQL never truncates two names into one. */
-const ROLE_NAME = /^[a-z_][a-z0-9_$]{0,62}$/
-
-/** Why `name` may not be a role name, or undefined when it may. */
-export function roleNameProblem (name: string): string | undefined {
-  if (Buffer.byteLength(name, 'utf8') > 63) return 'it is longer than 63 bytes, which PostgreSQL would silently truncate'
-  if (!ROLE_NAME.test(name)) return 'a role name starts with a-z or _ and has only a-z, 0-9, _ and $ (no capitals, quotes, spaces or other characters)'
-  if (name.startsWith('pg_')) return 'names starting with pg_ are reserved by PostgreSQL'
-  if (RESERVED.has(name)) return `"${name}" is reserved`
-  return undefined
-}
 
 export function checkRoleName (name: string): void {
   const problem = roleNameProblem(name)

@@ -1,6 +1,6 @@
 import type { ApiKey, ApiKeyWithSecret } from '../api-keys/api-keys.schemas.ts'
 import { SCOPES } from '../auth/principal.ts'
-import { roleNameProblem } from '../cli/pg-role.ts'
+import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
 import type { SignInState } from '../users/users.service.ts'

@@ -13,7 +13,7 @@ import {
   type PostgresPoolClient,
   type SqliteDatabase
 } from 'kysely'
-import pg from 'pg'
+import type pg from 'pg'
 import type { Config } from '../config.ts'
 import { Sqlite } from './sqlite-binding.ts'
 
@@ -299,24 +299,29 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
       dialect: new SqliteDialect({ database: openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs) })
     })
   }
-  const pool = new pg.Pool({
-    connectionString: config.databaseUrl,
-    max: config.databasePoolSize,
-    // Both the wait for a free connection and opening a new one: a server that
-    // accepts the connection but never answers would otherwise hold it for ever.
-    connectionTimeoutMillis: config.databaseAcquireTimeoutMs,
-    idleTimeoutMillis: 30_000,
-    statement_timeout: config.databaseStatementTimeoutMs,
-    // Client-side: a server that has gone dark never sends the statement_timeout error.
-    query_timeout: config.databaseQueryTimeoutMs,
-    ...(config.databaseSchema !== undefined ? { options: `-c search_path=${config.databaseSchema}` } : {})
-  })
-  // An idle client losing its server must not crash the process; the next query reports it.
-  pool.on('error', () => {})
-  // Nor one in use: pg-pool listens for errors only on idle clients, and the
-  // query in flight is failed anyway (and the client dropped on release).
-  pool.on('connect', (client) => { client.on('error', () => {}) })
-  return new Kysely<Database>({ dialect: new PostgresDialect({ pool: discardingStalled(pool) }) })
+  // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
+  const pool = async (): Promise<PostgresPool> => {
+    const { default: { Pool } } = await import('pg')
+    const pool = new Pool({
+      connectionString: config.databaseUrl,
+      max: config.databasePoolSize,
+      // Both the wait for a free connection and opening a new one: a server that
+      // accepts the connection but never answers would otherwise hold it for ever.
+      connectionTimeoutMillis: config.databaseAcquireTimeoutMs,
+      idleTimeoutMillis: 30_000,
+      statement_timeout: config.databaseStatementTimeoutMs,
+      // Client-side: a server that has gone dark never sends the statement_timeout error.
+      query_timeout: config.databaseQueryTimeoutMs,
+      ...(config.databaseSchema !== undefined ? { options: `-c search_path=${config.databaseSchema}` } : {})
+    })
+    // An idle client losing its server must not crash the process; the next query reports it.
+    pool.on('error', () => {})
+    // Nor one in use: pg-pool listens for errors only on idle clients, and the
+    // query in flight is failed anyway (and the client dropped on release).
+    pool.on('connect', (client) => { client.on('error', () => {}) })
+    return discardingStalled(pool)
+  }
+  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
 }
 
 const QUERY_TIMEOUT = 'Query read timeout'

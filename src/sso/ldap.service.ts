@@ -1,6 +1,6 @@
 import { isIP } from 'node:net'
 import type { ConnectionOptions } from 'node:tls'
-import { Client, Filter, InvalidCredentialsError, ResultCodeError, type Entry } from 'ldapts'
+import type { Client, Entry } from 'ldapts'
 import type { RequestContext } from '../auth/principal.ts'
 import type { Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
@@ -45,7 +45,14 @@ export function directoryUnavailable (cause: unknown): AppError {
 }
 
 /** `{name}` placeholders of an LDAP filter replaced by RFC 4515-escaped values, so typed text is never filter syntax. */
-export function fillFilter (template: string, values: Record<string, string>): string {
+// Loaded by the first directory sign-in, not at start-up: most deployments have no directory.
+let ldaptsModule: Promise<typeof import('ldapts')> | undefined
+async function ldapts (): Promise<typeof import('ldapts')> {
+  return await (ldaptsModule ??= import('ldapts'))
+}
+
+export async function fillFilter (template: string, values: Record<string, string>): Promise<string> {
+  const { Filter } = await ldapts()
   return template.replace(/\{(\w+)\}/g, (whole, name: string) => values[name] !== undefined ? Filter.escape(values[name]) : whole)
 }
 
@@ -84,6 +91,7 @@ function all (entry: Entry, attribute: string): string[] {
  * 503 `directory_unavailable`, never a wrong password.
  */
 export async function checkWithDirectory (config: LdapConfig, identifier: string, password: string): Promise<DirectoryCheck> {
+  const { Client } = await ldapts()
   const client = new Client({
     url: config.url,
     timeout: config.timeoutMs,
@@ -112,6 +120,7 @@ function tlsOptionsOf (config: LdapConfig): ConnectionOptions {
 }
 
 async function exchange (client: Client, config: LdapConfig, identifier: string, password: string): Promise<DirectoryCheck> {
+  const { ResultCodeError } = await ldapts()
   if (config.startTls) {
     // The certificate is checked against the URL's host (Node would check it against "localhost" otherwise); SNI only for a name.
     const host = new URL(config.url).hostname.replace(/^\[(.*)\]$/, '$1')
@@ -121,7 +130,7 @@ async function exchange (client: Client, config: LdapConfig, identifier: string,
   const attributes = [config.usernameAttribute, config.emailAttribute, config.firstNameAttribute, config.lastNameAttribute, config.memberOfAttribute].filter(a => a !== '')
   const { searchEntries } = await client.search(config.userBase, {
     scope: 'sub',
-    filter: fillFilter(config.userFilter, { username: identifier }),
+    filter: await fillFilter(config.userFilter, { username: identifier }),
     attributes,
     sizeLimit: 2
   }).catch((error: unknown) => {
@@ -141,7 +150,7 @@ async function exchange (client: Client, config: LdapConfig, identifier: string,
     const username = first(entry, config.usernameAttribute) ?? identifier
     const groups = await client.search(config.groupBase, {
       scope: 'sub',
-      filter: fillFilter(config.groupFilter, { dn: entry.dn, username }),
+      filter: await fillFilter(config.groupFilter, { dn: entry.dn, username }),
       attributes: ['1.1'],
       sizeLimit: MAX_GROUPS_READ
     })
@@ -165,6 +174,7 @@ async function exchange (client: Client, config: LdapConfig, identifier: string,
 async function bindAs (client: Client, dn: string, password: string): Promise<boolean> {
   // The anonymous-bind trap: a DN with an empty password "succeeds" as nobody.
   if (password === '') return false
+  const { InvalidCredentialsError } = await ldapts()
   try {
     await client.bind(dn, password)
     return true

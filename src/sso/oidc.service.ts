@@ -1,5 +1,5 @@
 import { timingSafeEqual } from 'node:crypto'
-import * as client from 'openid-client'
+import type * as oidc from 'openid-client'
 import type { Config } from '../config.ts'
 import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
@@ -83,10 +83,16 @@ export async function signInProviders (db: Db, config: Pick<Config, 'oidcProvide
   return [...configured.map(p => ({ id: p.id, displayName: p.displayName })), ...rows.map(r => ({ id: r.id, displayName: r.display_name }))]
 }
 
-const discovered = new Map<string, { fingerprint: string, at: number, configuration: Promise<client.Configuration> }>()
+const discovered = new Map<string, { fingerprint: string, at: number, configuration: Promise<oidc.Configuration> }>()
+
+// Loaded by the first OIDC sign-in, not at start-up: a deployment without providers never needs it.
+let openidClientModule: Promise<typeof oidc> | undefined
+async function openidClient (): Promise<typeof oidc> {
+  return await (openidClientModule ??= import('openid-client'))
+}
 
 /** The provider's metadata (discovery), read once an hour and whenever its settings change. */
-async function clientConfiguration (provider: OidcProviderSettings): Promise<client.Configuration> {
+async function clientConfiguration (provider: OidcProviderSettings): Promise<oidc.Configuration> {
   const fingerprint = digestOf(JSON.stringify([provider.issuer, provider.clientId, provider.clientSecret ?? '']))
   const cached = discovered.get(provider.id)
   if (cached !== undefined && cached.fingerprint === fingerprint && Date.now() - cached.at < DISCOVERY_TTL_MS) return await cached.configuration
@@ -94,6 +100,7 @@ async function clientConfiguration (provider: OidcProviderSettings): Promise<cli
   // Plain http only where nobody else can see it (settingsProblems refuses it elsewhere).
   const insecure = issuer.protocol === 'http:' && isLoopback(issuer.hostname)
   const configuration = (async () => {
+    const client = await openidClient()
     const found = await client.discovery(issuer, provider.clientId, undefined, undefined, {
       timeout: PROVIDER_TIMEOUT_S, ...(insecure ? { execute: [client.allowInsecureRequests] } : {})
     })
@@ -136,6 +143,7 @@ export async function startLogin (deps: SsoDeps, providerId: string, next: strin
   const provider = await findEnabledProvider(deps, providerId)
   if (provider === undefined) throw providerNotFound(providerId)
   const configuration = await clientConfiguration(provider)
+  const client = await openidClient()
   const codeVerifier = client.randomPKCECodeVerifier()
   const state = client.randomState()
   const nonce = client.randomNonce()
@@ -288,6 +296,7 @@ export async function finishLogin (
   }
 
   const configuration = await clientConfiguration(provider)
+  const client = await openidClient()
   let claims: Claims
   try {
     const tokens = await client.authorizationCodeGrant(configuration, callbackUrl, {
