@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import fc from 'fast-check'
+import { sql } from 'kysely'
 import { auth, dialects, useTestApp } from './helpers.ts'
 
 const PROBLEM_KEYS = ['code', 'detail', 'request_id', 'status', 'title', 'type']
@@ -77,6 +78,26 @@ for (const dialect of dialects()) {
           const got = await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })
           assert.deepEqual(got.json(), user)
         }), { numRuns: 60 })
+    })
+  })
+}
+
+for (const dialect of dialects().filter(d => d.name === 'postgres')) {
+  describe('timestamps read from PostgreSQL', () => {
+    const t = useTestApp(dialect)
+
+    it('arrive as the toISOString() text JavaScript wrote, for any instant with milliseconds', async () => {
+      const instant = fc.date({ min: new Date('0001-01-01T00:00:00.000Z'), max: new Date('9999-12-31T23:59:59.999Z'), noInvalidDate: true })
+      await fc.assert(fc.asyncProperty(fc.array(instant, { minLength: 1, maxLength: 50 }), async (dates) => {
+        const written = dates.map(d => d.toISOString())
+        const { rows } = await sql<{ t: string }>`select w::timestamptz as t from unnest(${written}::text[]) with ordinality as x(w, n) order by n`.execute(t.app.db)
+        assert.deepEqual(rows.map(r => r.t), written)
+      }), { numRuns: 60 })
+    })
+
+    it('keep microseconds PostgreSQL made itself to the millisecond, like Date would', async () => {
+      const { rows } = await sql<{ t: string }>`select '2024-02-29 23:59:59.123456+00'::timestamptz as t`.execute(t.app.db)
+      assert.equal(rows[0]!.t, '2024-02-29T23:59:59.123Z')
     })
   })
 }

@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto'
 import { mkdirSync } from 'node:fs'
 import { dirname } from 'node:path'
 import type SQLite from 'better-sqlite3'
@@ -301,8 +302,10 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
   const pool = async (): Promise<PostgresPool> => {
-    const { default: { Pool } } = await import('pg')
+    const { default: { Pool, types } } = await import('pg')
     const pool = new Pool({
+      // timestamptz as the API's own text: no Date object made and formatted again for every value read.
+      types: { getTypeParser: ((oid: number, format?: string) => oid === TIMESTAMPTZ_OID && format !== 'binary' ? isoFromTimestamptz : types.getTypeParser(oid, format as 'text')) as typeof types.getTypeParser },
       connectionString: config.databaseUrl,
       max: config.databasePoolSize,
       // Both the wait for a free connection and opening a new one: a server that
@@ -312,7 +315,8 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
       statement_timeout: config.databaseStatementTimeoutMs,
       // Client-side: a server that has gone dark never sends the statement_timeout error.
       query_timeout: config.databaseQueryTimeoutMs,
-      ...(config.databaseSchema !== undefined ? { options: `-c search_path=${config.databaseSchema}` } : {})
+      // UTC, so every timestamptz arrives as `…+00` (isoFromTimestamptz).
+      options: `-c TimeZone=UTC${config.databaseSchema !== undefined ? ` -c search_path=${config.databaseSchema}` : ''}`
     })
     // An idle client losing its server must not crash the process; the next query reports it.
     pool.on('error', () => {})
@@ -322,6 +326,41 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
     return discardingStalled(pool)
   }
   return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
+}
+
+/**
+ * Marks a statement (db/prepared.ts) to be prepared once per connection under
+ * a name made from its text. Only for statements whose text is built once and
+ * that name their columns: a prepared `select *` fails once a migration
+ * changes the table under it.
+ */
+export const PREPARE_MARK = '/* prepared */ '
+const statementNames = new Map<string, string>()
+function statementName (text: string): string {
+  let name = statementNames.get(text)
+  if (name === undefined) {
+    name = `gh_${createHash('sha256').update(text).digest('hex').slice(0, 24)}`
+    statementNames.set(text, name)
+  }
+  return name
+}
+
+const TIMESTAMPTZ_OID = 1184
+const UTC_TIMESTAMP = /^(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(?:\.(\d{1,6}))?\+00$/
+
+/**
+ * PostgreSQL's text for a timestamptz in a UTC session, `2024-01-01
+ * 00:00:00.123456+00`, as the `toISOString()` form SQLite stores and the API
+ * writes (milliseconds, `Z`). Anything else (another offset, a year past
+ * 9999, BC, infinity) goes through Date, as pg would have parsed it.
+ */
+export function isoFromTimestamptz (text: string): string {
+  const match = UTC_TIMESTAMP.exec(text)
+  if (match === null) {
+    const date = new Date(text.replace(' ', 'T').replace(/([+-]\d{2})$/, '$1:00'))
+    return Number.isNaN(date.getTime()) ? text : date.toISOString()
+  }
+  return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0').slice(0, 3)}Z`
 }
 
 const QUERY_TIMEOUT = 'Query read timeout'
@@ -341,6 +380,7 @@ function discardingStalled (pool: pg.Pool): PostgresPool {
       const query = async (text: string, parameters: ReadonlyArray<unknown>): Promise<pg.QueryResult> => {
         if (stalled !== undefined) throw stalled
         try {
+          if (text.startsWith(PREPARE_MARK)) return await client.query({ name: statementName(text), text, values: parameters as unknown[] })
           return await client.query(text, parameters as unknown[])
         } catch (error) {
           if (error instanceof Error && error.message === QUERY_TIMEOUT) stalled = error

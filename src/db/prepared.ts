@@ -1,5 +1,5 @@
 import { CompiledQuery, type Compilable } from 'kysely'
-import type { Db } from './database.ts'
+import { isPostgres, PREPARE_MARK, type Db } from './database.ts'
 
 const SENTINEL = '\u0000gatehouse-param:'
 
@@ -32,7 +32,8 @@ export async function executePrepared<Row> (
   if (template === undefined) {
     const compiled = build(name => SENTINEL + name).compile()
     template = {
-      sql: compiled.sql,
+      // PostgreSQL: also a named prepared statement on each connection, so it is parsed and planned once there.
+      sql: isPostgres(db) ? PREPARE_MARK + compiled.sql : compiled.sql,
       slots: compiled.parameters.map(p =>
         typeof p === 'string' && p.startsWith(SENTINEL) ? { name: p.slice(SENTINEL.length) } : { value: p })
     }
