@@ -58,7 +58,7 @@ for (const dialect of dialects().slice(0, 1)) {
 }
 
 for (const dialect of dialects()) {
-  describe(`the database-rendered list (${dialect.name})`, () => {
+  describe(`the list page, rendered by SQLite or serialized from PostgreSQL rows (${dialect.name})`, () => {
     const t = useTestApp(dialect)
 
     it('renders every user exactly as Get User does, whatever the text in it', async () => {
@@ -93,6 +93,16 @@ for (const dialect of dialects().filter(d => d.name === 'postgres')) {
         const { rows } = await sql<{ t: string }>`select w::timestamptz as t from unnest(${written}::text[]) with ordinality as x(w, n) order by n`.execute(t.app.db)
         assert.deepEqual(rows.map(r => r.t), written)
       }), { numRuns: 60 })
+    })
+
+    it('arrive right from a session in another time zone too (a pooler that drops the UTC setting)', async () => {
+      for (const zone of ['Asia/Kolkata', 'America/St_Johns', 'Europe/Berlin']) {
+        const got = await t.app.db.transaction().execute(async trx => {
+          await sql`select set_config('TimeZone', ${zone}, true)`.execute(trx)
+          return (await sql<{ t: string }>`select '2024-07-01T12:34:56.789Z'::timestamptz as t`.execute(trx)).rows[0]!.t
+        })
+        assert.equal(got, '2024-07-01T12:34:56.789Z', zone)
+      }
     })
 
     it('keep microseconds PostgreSQL made itself to the millisecond, like Date would', async () => {
