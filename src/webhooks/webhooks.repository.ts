@@ -171,11 +171,6 @@ export interface AttemptOutcome {
 }
 
 /**
- * Records an attempt's result and releases the claim, if the claim is still
- * ours. Returns false when it is not (the lease ran out and another worker
- * took the row): then nothing is written.
- */
-/**
  * A retry or replay that lands while the delivery is in flight must not be
  * swallowed by that attempt's result: it renames the lease (so no other worker
  * claims the row before the lease ends) and completeDelivery, seeing the
@@ -186,7 +181,11 @@ const REQUEUED = 'requeued:'
 const current = sql.ref('webhook_deliveries.lock_token')
 const markRequeued = sql<string | null>`case when ${current} is null or ${current} like ${REQUEUED + '%'} then ${current} else ${REQUEUED} || ${current} end`
 
-/** Records an attempt made under `token`; false when the lease was lost (the row was claimed again or deleted). */
+/**
+ * Records an attempt's result and releases the claim, if the claim is still
+ * ours (renamed or not by a requeue). Returns false when it is not (the lease
+ * ran out and another worker took the row): then nothing is written.
+ */
 export async function completeDelivery (trx: Db, delivery: { endpoint_id: string, event_id: string }, token: string, outcome: AttemptOutcome): Promise<boolean> {
   const requeued = sql<boolean>`lock_token = ${REQUEUED + token}`
   const updated = await trx.updateTable('webhook_deliveries')
@@ -243,7 +242,7 @@ export async function findDelivery (db: Db, endpointId: string, eventId: string)
     .executeTakeFirst()
 }
 
-/** Due now and retried for a fresh horizon. A delivery in flight keeps its claim; its result may then overwrite this. */
+/** Due now and retried for a fresh horizon. A delivery in flight keeps its claim, renamed (markRequeued): its attempt is recorded, and it stays due. */
 export async function requeueDelivery (db: Db, endpointId: string, eventId: string, at: string, giveUpAt: string): Promise<boolean> {
   const result = await db.updateTable('webhook_deliveries')
     .set({ status: 'pending', next_attempt_at: at, give_up_at: giveUpAt, lock_token: markRequeued })
