@@ -40,7 +40,7 @@ try {
   process.exit(1)
 }
 
-export const EXTERNAL = [
+const EXTERNAL = [
   // Native addons (and the optional one pg tries).
   'better-sqlite3', 'better-sqlite3-node-api', '@node-rs/argon2', '@node-rs/bcrypt', 'pg-native',
   // It locates its own package.json through __dirname.
