@@ -8,8 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
 import { fileURLToPath } from 'node:url'
-import pg from 'pg'
-import { dialects, GOOD_PASSWORD } from './helpers.ts'
+import { dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
@@ -122,12 +121,7 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
       } finally {
         child.kill('SIGTERM')
         if (child.exitCode === null) await once(child, 'exit')
-        if (dialect.url !== undefined) {
-          const client = new pg.Client({ connectionString: dialect.url })
-          await client.connect()
-          await client.query(`drop schema if exists "${schema}" cascade`)
-          await client.end()
-        }
+        if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
       }
     })
   }

@@ -10,10 +10,9 @@ import { fileURLToPath } from 'node:url'
 import { randomBytes, scryptSync } from 'node:crypto'
 import { hashSync as bcryptHashSync } from '@node-rs/bcrypt'
 import { after, before, describe, it } from 'node:test'
-import pg from 'pg'
 import { buildApp } from '../src/app.ts'
 import { defaultConfig } from '../src/config.ts'
-import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, dropSchema, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
 import { BIN, listen, runCli } from './cli-helpers.ts'
 import { openHiddenPrompt } from '../src/cli/prompt.ts'
 
@@ -301,12 +300,7 @@ for (const dialect of dialects()) {
           await app.close()
         }
       } finally {
-        if (schema !== undefined) {
-          const client = new pg.Client({ connectionString: dialect.url })
-          await client.connect()
-          await client.query(`drop schema if exists "${schema}" cascade`)
-          await client.end()
-        }
+        if (schema !== undefined) await dropSchema(dialect.url!, schema)
       }
     })
 

@@ -17,13 +17,19 @@ export function dialects (): Dialect[] {
 }
 
 const schemasToDrop: Array<{ url: string, schema: string }> = []
-after(async () => {
-  for (const { url, schema } of schemasToDrop.splice(0)) {
-    const client = new pg.Client({ connectionString: url })
-    await client.connect()
+/** Drops a PostgreSQL schema a test made, with everything in it. */
+export async function dropSchema (url: string, schema: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
     await client.query(`drop schema if exists "${schema}" cascade`)
+  } finally {
     await client.end()
   }
+}
+
+after(async () => {
+  for (const { url, schema } of schemasToDrop.splice(0)) await dropSchema(url, schema)
 })
 
 export interface TestApp {

@@ -10,14 +10,13 @@ import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
-import pg from 'pg'
 import { pino } from 'pino'
 import { bootstrap } from '../src/bootstrap.ts'
 import { defaultConfig } from '../src/config.ts'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { PasswordHasher } from '../src/lib/passwords.ts'
-import { GOOD_PASSWORD } from './helpers.ts'
+import { dropSchema, GOOD_PASSWORD } from './helpers.ts'
 import { errorLog, freePort, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
 
 /*
@@ -73,16 +72,6 @@ function upstreamFor (ports: number[]): { conf: string, failTimeoutMs: number } 
   return { conf, failTimeoutMs: Number(failTimeout[1]) * 1000 }
 }
 
-async function dropSchema (schema: string): Promise<void> {
-  const client = new pg.Client({ connectionString: DATABASE_URL })
-  await client.connect()
-  try {
-    await client.query(`drop schema if exists "${schema}" cascade`)
-  } finally {
-    await client.end()
-  }
-}
-
 // SQLite is one machine's file and so one instance's: this is about PostgreSQL.
 describe('several instances starting at the same moment on one empty database', { skip: noDatabase ? NO_POSTGRES : false }, () => {
   it('all start, and register GATEHOUSE_ADMIN_API_KEY and GATEHOUSE_ADMIN_USERNAME once', async () => {
@@ -108,7 +97,7 @@ describe('several instances starting at the same moment on one empty database', 
       assert.deepEqual(users, [{ username: 'first_admin', role: 'admin' }])
     } finally {
       await Promise.all(instances.map(async ({ db }) => await db.destroy()))
-      await dropSchema(schema)
+      await dropSchema(DATABASE_URL!, schema)
     }
   })
 })
@@ -268,7 +257,7 @@ ${documented('location')}
     if (nginx !== undefined) await stopNginx(nginx)
     agent.destroy()
     if (dir !== undefined) await rm(dir, { recursive: true, force: true })
-    await dropSchema(schema)
+    await dropSchema(DATABASE_URL!, schema)
   })
 
   async function createUser (from: string, username: string, password?: string): Promise<{ id: string, username: string }> {

@@ -404,6 +404,20 @@ for (const dialect of dialects()) {
       }
     })
 
+    it('asks the last enabled admin to enrol a second factor under MFA_REQUIRED=admins, though the provider maps them to user', async () => {
+      const lone = await createTestApp(dialect, { oidcRedirectOrigin: ORIGIN, oidcProviders: [{ ...(t.app.config.oidcProviders[0]!) }], mfaRequired: 'admins', mfaEncryptionKey: randomBytes(32) })
+      try {
+        const email = `${randomBytes(4).toString('hex')}@example.com`
+        await createUser(lone, { email, role: 'admin' })
+        const sub = account(op, { email, email_verified: true, groups: [] })
+        const { res } = await ssoSignIn(lone, op, 'corp', sub)
+        assert.equal(res.statusCode, 200, 'the enrolment step, not a session')
+        assert.equal(sessionCookie(res), undefined, 'no session before a second factor')
+      } finally {
+        await lone.app.close()
+      }
+    })
+
     it('manages providers through the API without ever returning the client secret', async () => {
       const secret = `s3cret-${randomBytes(8).toString('hex')}`
       const created = await t.app.inject({

@@ -8,10 +8,9 @@ import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { fileURLToPath } from 'node:url'
 import { after, describe, it } from 'node:test'
-import pg from 'pg'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
-import { dialects } from './helpers.ts'
+import { dialects, dropSchema } from './helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
@@ -56,12 +55,7 @@ for (const dialect of dialects()) {
     after(async () => {
       for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
       await receiver.close()
-      if (dialect.url !== undefined) {
-        const client = new pg.Client({ connectionString: dialect.url })
-        await client.connect()
-        await client.query(`drop schema if exists "${schema}" cascade`)
-        await client.end()
-      }
+      if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
     })
 
     it('loses no delivery pending or in flight when the service is killed, once it is started again', async () => {

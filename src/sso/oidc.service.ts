@@ -413,7 +413,9 @@ export async function finishLogin (
     })
   }
 
-  const role = who.create?.role ?? access?.role ?? who.user!.role
+  // For the second-factor policy: an admin the mapping would demote may stay one
+  // (the last admin rule, decided in `apply` under its lock), so either admin counts.
+  const role = who.create?.role ?? (who.user!.role === 'admin' || access?.role === 'admin' ? 'admin' : 'user')
   const secondFactor = await secondFactorNeeded(deps, { id: userId, username: who.user?.username ?? who.create!.username, role })
   let result: SsoResult
   if (secondFactor !== undefined) {
