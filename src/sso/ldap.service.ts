@@ -6,9 +6,9 @@ import type { Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import { recordEvent } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
-import { findTakenKeys, findUserById, insertUser, lockEnabledAdminIds, updateUser } from '../users/users.repository.ts'
+import { findTakenKeys, findUserById, insertUser, updateUser } from '../users/users.repository.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
-import { toUser } from '../users/users.service.ts'
+import { mappedRoleKeepingLastAdmin, toUser } from '../users/users.service.ts'
 import { findIdentity, insertIdentity, touchIdentity } from './identities.repository.ts'
 import { externalUserRow } from './identities.service.ts'
 import { normaliseDn, type LdapConfig } from './ldap.config.ts'
@@ -268,11 +268,10 @@ export async function applyDirectoryAccess (db: Db, ctx: RequestContext, config:
     const changes: Record<string, { from: unknown, to: unknown }> = {}
     const kept: Record<string, unknown> = {}
     let role = access.role
-    if (role === 'user' && before.role === 'admin' && !before.disabled) {
-      // The directory cannot take away the last admin, as an admin cannot
-      // through the API: there would be no user left to undo it.
-      const admins = await lockEnabledAdminIds(trx)
-      if (admins.length === 1 && admins[0] === userId) { role = 'admin'; kept.role_kept = 'last_admin' }
+    if (role !== undefined) {
+      const mapped = await mappedRoleKeepingLastAdmin(trx, before, role)
+      role = mapped.role
+      if (mapped.keptLastAdmin) kept.role_kept = 'last_admin'
     }
     if (role !== undefined && role !== before.role) changes.role = { from: before.role, to: role }
     if (access.groups !== undefined && JSON.stringify([...before.groups].sort()) !== JSON.stringify(access.groups)) changes.groups = { from: before.groups, to: access.groups }

@@ -8,8 +8,8 @@ import { recordEvent } from '../events/events.service.ts'
 import { newId } from '../lib/ids.ts'
 import { digestOf } from '../lib/secrets.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
-import { toUser } from '../users/users.service.ts'
-import { findUserById, insertUser, lockEnabledAdminIds, type NewUserRow, type UserRow } from '../users/users.repository.ts'
+import { mappedRoleKeepingLastAdmin, toUser } from '../users/users.service.ts'
+import { findUserById, insertUser, updateUser, type NewUserRow, type UserRow } from '../users/users.repository.ts'
 import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
 import { openSession, reserveAttempt, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
 import { findIdentity, findIdentityOfUser, insertIdentity, touchIdentity } from './identities.repository.ts'
@@ -391,20 +391,14 @@ export async function finishLogin (
     }
     const kept: Record<string, unknown> = {}
     if (before !== undefined && access !== undefined) {
-      let role = access.role
-      if (before.role === 'admin' && role !== 'admin' && !toBool(who.user!.disabled)) {
-        // The provider cannot take away the last admin: there would be no one left to undo it.
-        const admins = await lockEnabledAdminIds(trx)
-        if (admins.length === 1 && admins[0] === userId) { role = 'admin'; kept.role_kept = 'last_admin' }
-      }
+      const { role, keptLastAdmin } = await mappedRoleKeepingLastAdmin(trx, { id: userId, role: before.role, disabled: toBool(who.user!.disabled) }, access.role)
+      if (keptLastAdmin) kept.role_kept = 'last_admin'
       const changes: Record<string, { from: unknown, to: unknown }> = {}
       if (JSON.stringify(before.groups) !== JSON.stringify(access.groups)) changes.groups = { from: before.groups, to: access.groups }
       if (before.role !== role) changes.role = { from: before.role, to: role }
       if (Object.keys(changes).length > 0) {
         const current = await findUserById(trx, userId, { forUpdate: true })
-        await trx.updateTable('users')
-          .set({ groups: JSON.stringify(access.groups), role, updated_at: at, version: (current?.version ?? who.user!.version) + 1 })
-          .where('id', '=', userId).execute()
+        if (current !== undefined) await updateUser(trx, userId, current.version, { groups: JSON.stringify(access.groups), role, updated_at: at, version: current.version + 1 })
         await recordEvent(trx, userCtx, 'user.updated', { type: 'user', id: userId }, { changes, source })
       }
     }

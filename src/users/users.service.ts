@@ -284,6 +284,20 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
   })
 }
 
+/**
+ * The role a sign-in's mapping (an identity provider's claims, a directory's
+ * groups) gives, except that it never takes admin from the last enabled
+ * admin, as the API would refuse to: nobody would be left to undo it. Locks
+ * the admin set, so call it in the sign-in's transaction.
+ */
+export async function mappedRoleKeepingLastAdmin (
+  trx: Db, user: { id: string, role: 'admin' | 'user', disabled: boolean }, mapped: 'admin' | 'user'
+): Promise<{ role: 'admin' | 'user', keptLastAdmin: boolean }> {
+  if (mapped === 'admin' || user.role !== 'admin' || user.disabled) return { role: mapped, keptLastAdmin: false }
+  const admins = await lockEnabledAdminIds(trx)
+  return admins.length === 1 && admins[0] === user.id ? { role: 'admin', keptLastAdmin: true } : { role: mapped, keptLastAdmin: false }
+}
+
 function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
   if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
     throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
