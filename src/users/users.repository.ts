@@ -241,6 +241,22 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
   return { json: trimmed, next: [key, last.id] }
 }
 
+/**
+ * A text that changes with every write committed to the SQLite file, by this
+ * process or another (the CLI on the same file): `total_changes()` counts the
+ * rows this connection has inserted, updated or deleted, and `data_version`
+ * moves when any other connection commits. Two equal stamps mean no write came
+ * in between. Undefined on PostgreSQL, which has no such value short of
+ * serializing every write to the users table on one counter row.
+ */
+export async function readChangeStamp (db: Db): Promise<string | undefined> {
+  if (isPostgres(db)) return undefined
+  const [row] = await executePrepared(db, 'change_stamp', () =>
+    db.selectNoFrom([sql<number>`total_changes()`.as('changes'), sql<number>`(select data_version from pragma_data_version())`.as('version')]), {})
+  if (row === undefined) throw new Error('a select without FROM returned no row')
+  return `${row.changes}:${row.version}`
+}
+
 /** The User representation, field for field as the User schema orders it (users.schemas.ts). */
 const USER_JSON_SQLITE = sql<string>`json_object(
   'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,

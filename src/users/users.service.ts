@@ -20,6 +20,7 @@ import {
   insertUsers,
   listUserRows,
   listUsersJson,
+  readChangeStamp,
   sortColumnOf,
   lockEnabledAdminIds,
   updateUser,
@@ -29,6 +30,7 @@ import {
   type UserRowUpdate
 } from './users.repository.ts'
 import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
+import { PageCache } from './page-cache.ts'
 
 export interface UsersDeps {
   db: Db
@@ -164,10 +166,37 @@ async function pageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, 
   return { json: JSON.stringify(users), next: [column === 'username_key' ? rows[limit - 1]!.username_key : last[column], last.id] }
 }
 
+/** Rendered pages per database; 4 MiB of JSON at most (a page of 50 is about 16 KiB). */
+const pageCaches = new WeakMap<Db, PageCache>()
+const PAGE_CACHE_BYTES = 4 * 1024 * 1024
+
+/**
+ * A page as pageJson renders it, served from the page cache while the
+ * database's change stamp is the one it was rendered under (SQLite only: see
+ * page-cache.ts for why that is never staler than a fresh read).
+ */
+async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<{ json: string, next: [string, string] | undefined }> {
+  const stamp = await readChangeStamp(db)
+  if (stamp === undefined) return await pageJson(db, filter, sort, limit, after)
+  let cache = pageCaches.get(db)
+  if (cache === undefined) {
+    cache = new PageCache(PAGE_CACHE_BYTES)
+    pageCaches.set(db, cache)
+  }
+  // Every input of the page, filters in name order whatever the order of the query string.
+  const filters = Object.entries(filter).filter(([, value]) => value !== undefined).sort(([a], [b]) => a < b ? -1 : 1)
+  const key = JSON.stringify([sort, limit, after, filters])
+  const cached = cache.get(key, stamp)
+  if (cached !== undefined) return cached
+  const page = await pageJson(db, filter, sort, limit, after)
+  cache.set(key, stamp, page)
+  return page
+}
+
 export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
   // Keyset position: [sort value, id]; username sorts by its case-folded text, the others by a timestamp.
   const after = cursor !== undefined ? decodeCursor(cursor, sort, [sort.endsWith('username') ? 'text' : 'timestamp', 'uuid']) as [string, string] : undefined
-  const page = await pageJson(deps.db, filter, sort, limit, after)
+  const page = await cachedPageJson(deps.db, filter, sort, limit, after)
   return { json: page.json, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
 }
 

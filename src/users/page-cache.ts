@@ -1,0 +1,67 @@
+import type { UserPageJson } from './users.repository.ts'
+
+interface Entry { stamp: string, page: UserPageJson }
+
+/**
+ * Rendered list pages, served again only while the database says nothing
+ * could have changed them.
+ *
+ * Every lookup carries the stamp read from the database for this request
+ * (users.repository.ts `readChangeStamp`), which moves with any committed write
+ * by anyone: an entry from another stamp is never served, so a cached page is
+ * never staler than reading it again would be. The stamp must be read before
+ * the page it labels: a write landing in between makes the page newer than its
+ * stamp, which only costs a miss later, whereas the other order could label an
+ * old page with a new stamp.
+ *
+ * Bounded by the bytes of JSON held, least recently used out first.
+ */
+export class PageCache {
+  readonly #entries = new Map<string, Entry>()
+  readonly #maxBytes: number
+  #bytes = 0
+
+  constructor (maxBytes: number) {
+    this.#maxBytes = maxBytes
+  }
+
+  get (key: string, stamp: string): UserPageJson | undefined {
+    const entry = this.#entries.get(key)
+    if (entry === undefined) return undefined
+    if (entry.stamp !== stamp) {
+      this.#remove(key, entry)
+      return undefined
+    }
+    // Re-inserted: a Map iterates in insertion order, so the first key is the least recently used.
+    this.#entries.delete(key)
+    this.#entries.set(key, entry)
+    return entry.page
+  }
+
+  set (key: string, stamp: string, page: UserPageJson): void {
+    const size = sizeOf(key, page)
+    if (size > this.#maxBytes / 8) return
+    const old = this.#entries.get(key)
+    if (old !== undefined) this.#remove(key, old)
+    this.#entries.set(key, { stamp, page })
+    this.#bytes += size
+    for (const [oldestKey, oldest] of this.#entries) {
+      if (this.#bytes <= this.#maxBytes) break
+      this.#remove(oldestKey, oldest)
+    }
+  }
+
+  get size (): number {
+    return this.#entries.size
+  }
+
+  #remove (key: string, entry: Entry): void {
+    this.#entries.delete(key)
+    this.#bytes -= sizeOf(key, entry.page)
+  }
+}
+
+/** JavaScript strings hold two bytes a character at most: an upper bound of what an entry keeps alive. */
+function sizeOf (key: string, page: UserPageJson): number {
+  return 2 * (key.length + page.json.length + (page.next?.join('').length ?? 0))
+}
