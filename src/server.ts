@@ -77,8 +77,9 @@ function listenProblem (error: NodeJS.ErrnoException, host: string, port: number
   }
 }
 
-// Started directly (`tsx src/server.ts`, `node dist/server.js`), not imported by the CLI. The name is
-// checked too: in the CLI's bundle (dist/cli/main.js) this module shares the entry's import.meta.url.
+// Started directly (`tsx src/server.ts`), not imported: `node dist/server.js` is a launcher that
+// imports the bundle and calls startServer (scripts/build.js). The name is checked too: in the CLI's
+// bundle (dist/cli/main.js) this module shares the entry's import.meta.url.
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(realpathSync(process.argv[1])).href && /server\.[jt]s$/.test(process.argv[1])) {
   await startServer()
 }

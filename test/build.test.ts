@@ -2,7 +2,8 @@ import assert from 'node:assert/strict'
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
+import module from 'node:module'
 import { connect, createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -51,7 +52,11 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
       const port = await freePort()
       const redis = dialect.url !== undefined && await redisReachable()
       const schema = `gh_build_${randomBytes(6).toString('hex')}`
+      // Its own temporary directory, where the compile cache goes by default (NODE_COMPILE_CACHE would turn it on by itself).
+      const childTmp = join(tmp, `tmp-${dialect.name}`)
+      mkdirSync(childTmp)
       const env: NodeJS.ProcessEnv = {
+        TMPDIR: childTmp,
         PATH: process.env.PATH,
         HOME: process.env.HOME,
         HOST: '127.0.0.1',
@@ -122,6 +127,12 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         child.kill('SIGTERM')
         if (child.exitCode === null) await once(child, 'exit')
         if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
+      }
+      // Node 22.1 and later: the launcher turned the compile cache on, so the next start reuses the compiled bundle.
+      if (typeof (module as { enableCompileCache?: unknown }).enableCompileCache === 'function') {
+        const compileCache = join(childTmp, 'node-compile-cache')
+        const entries = existsSync(compileCache) ? readdirSync(compileCache, { recursive: true, withFileTypes: true }).filter(entry => entry.isFile()) : []
+        assert.ok(entries.length > 0, `nothing was written to ${compileCache}`)
       }
     })
   }
