@@ -29,6 +29,7 @@ import { isCredentialParam } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
+import { withGlobalHidden } from './lib/hidden-global.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
@@ -247,21 +248,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   await app.register(cookie)
   await app.register(rateLimitPlugin, { redis })
   await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
-  // @fastify/multipart offers request.formData() when it sees globalThis.FormData,
-  // and that first look makes Node load its fetch implementation (undici): about
-  // 25 ms of start-up and 3 MiB for a method nothing here calls. Hidden while the
-  // plugin registers; the lazy global is put back as it was.
-  const formData = Object.getOwnPropertyDescriptor(globalThis, 'FormData')
-  Object.defineProperty(globalThis, 'FormData', { value: undefined, configurable: true, writable: true })
-  try {
+  // @fastify/multipart offers request.formData() when it sees globalThis.FormData
+  // (nothing here calls it); only its look is hidden (lib/hidden-global.ts).
+  await withGlobalHidden('FormData', async () => {
     await app.register(multipart, {
       attachFieldsToBody: 'keyValues',
       limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
     })
-  } finally {
-    if (formData !== undefined) Object.defineProperty(globalThis, 'FormData', formData)
-    else delete (globalThis as { FormData?: unknown }).FormData
-  }
+  })
   app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, app.getDefaultJsonParser('error', 'error'))
   // After multipart's own preValidation hook, which is where a multipart body is parsed.
   app.addHook('preValidation', rejectNulBytes)

@@ -8,6 +8,7 @@ import type { FastifyBaseLogger } from 'fastify'
 import type { Config } from '../config.ts'
 import { isPostgres, type Db } from '../db/database.ts'
 import type { Principal } from './principal.ts'
+import { loadPg } from '../db/pg-driver.ts'
 
 /**
  * Checked credentials (API keys, session tokens), kept in process for at most
@@ -179,7 +180,14 @@ function listen (config: Config, cache: CredentialCache, log: FastifyBaseLogger)
   const connect = (): void => {
     timer = undefined
     // pg is loaded only where PostgreSQL is used (start-up on SQLite skips it).
-    import('pg').then(({ default: { Client } }) => { if (!stopped) open(Client) }, lost)
+    let Client: typeof pg.Client
+    try {
+      Client = loadPg().Client
+    } catch (error) {
+      lost(error as Error)
+      return
+    }
+    if (!stopped) open(Client)
   }
 
   const open = (Client: typeof pg.Client): void => {

@@ -17,6 +17,7 @@ import {
 import type pg from 'pg'
 import type { Config } from '../config.ts'
 import { Sqlite } from './sqlite-binding.ts'
+import { loadPg } from './pg-driver.ts'
 
 /** Timestamps are written as RFC 3339 strings; PostgreSQL hands back Date, SQLite the string. */
 type Timestamp = ColumnType<Date | string, string, string>
@@ -302,7 +303,7 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
   const pool = async (): Promise<PostgresPool> => {
-    const { default: { Pool, types } } = await import('pg')
+    const { Pool, types } = loadPg()
     const pool = new Pool({
       // timestamptz as the API's own text: no Date object made and formatted again for every value read.
       types: { getTypeParser: ((oid: number, format?: string) => oid === TIMESTAMPTZ_OID && format !== 'binary' ? isoFromTimestamptz : types.getTypeParser(oid, format as 'text')) as typeof types.getTypeParser },
