@@ -112,7 +112,7 @@ export async function sessionCookie (base: string, adminKey: string, username: s
 
 /**
  * What this machine can hash, argon2id at gatehouse's default parameters,
- * `concurrency` at a time (HASH_CONCURRENCY's default, one per CPU), for
+ * `concurrency` at a time (HASH_CONCURRENCY's default, one per CPU but one), for
  * `seconds`, in this process with nothing else running: the ceiling for
  * creates with a password.
  */

@@ -145,7 +145,8 @@ const DEFAULTS: Config = {
   argon2MemoryKib: 19_456,
   argon2TimeCost: 2,
   argon2Parallelism: 1,
-  hashConcurrency: Math.max(1, availableParallelism()),
+  // One core is left to the event loop, which answers every other request while hashes run (bench/README.md, issue 8).
+  hashConcurrency: Math.max(1, availableParallelism() - 1),
   hashQueueLimit: 64,
   passwordMinLength: 8,
   passwordMaxLength: 256,
