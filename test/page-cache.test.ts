@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, it } from 'node:test'
 import Database from 'better-sqlite3'
+import pg from 'pg'
 import { PageCache } from '../src/users/page-cache.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 
@@ -46,6 +47,24 @@ for (const dialect of dialects()) {
       assert.equal(deleted.statusCode, 204, deleted.body)
       assert.ok(!(await page(t)).some(user => user.id === id))
     })
+
+    if (dialect.url !== undefined) {
+      it('shows a change another instance commits to the same database in the next page read', async () => {
+        const username = uniqueName('elsewhere')
+        const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username } })
+        assert.equal(created.statusCode, 201, created.body)
+        assert.equal((await pageTwice(t))[0]?.first_name, null)
+        const other = new pg.Client({ connectionString: dialect.url, options: `-c search_path=${t.config.databaseSchema!}` })
+        await other.connect()
+        try {
+          const changed = await other.query('update users set first_name = $1, version = version + 1 where id = $2', ['FromElsewhere', created.json().id])
+          assert.equal(changed.rowCount, 1)
+        } finally {
+          await other.end()
+        }
+        assert.equal((await page(t))[0]?.first_name, 'FromElsewhere')
+      })
+    }
 
     it('answers filters given in any order with the same page, and different filters with their own', async () => {
       const username = uniqueName('filtered')
@@ -94,6 +113,24 @@ describe('PageCache', () => {
     // A miss under another stamp also drops the entry: it can never be served again.
     assert.equal(cache.get('k', '1:1'), undefined)
     assert.equal(cache.size, 0)
+  })
+
+  it('rests after a streak of misses, so a database written all the time costs no stamp reads, and looks again afterwards', () => {
+    const cache = new PageCache(1024 * 1024, { missStreak: 3, restMs: 1000 })
+    cache.set('k', '1', rendered('[1]'))
+    assert.ok(cache.get('k', '1', 0) !== undefined)
+    // Two misses, then a hit: the streak starts again.
+    assert.equal(cache.get('a', '1', 0), undefined)
+    assert.equal(cache.get('b', '1', 0), undefined)
+    assert.ok(cache.get('k', '1', 0) !== undefined)
+    assert.equal(cache.resting(0), false)
+    // Three in a row (the stamp moved on every write).
+    for (const stamp of ['2', '3', '4']) assert.equal(cache.get('k', stamp, 10), undefined)
+    assert.equal(cache.resting(10), true)
+    assert.equal(cache.resting(1009), true)
+    assert.equal(cache.resting(1010), false)
+    cache.set('k', '4', rendered('[4]'))
+    assert.deepEqual(cache.get('k', '4', 1010), rendered('[4]'))
   })
 
   it('drops the least recently used pages beyond its byte budget, and never keeps an oversized one', () => {

@@ -15,23 +15,43 @@ interface Entry { stamp: string, page: UserPageJson }
  * old page with a new stamp.
  *
  * Bounded by the bytes of JSON held, least recently used out first.
+ *
+ * Reading the stamp is a round trip of its own on PostgreSQL, wasted whenever
+ * the lookup misses. When the database is written all the time (or requests
+ * never ask for the same page twice) every lookup misses, so after
+ * `missStreak` misses in a row the cache rests for `restMs`: `resting()` says
+ * to read pages directly, without a stamp, until then.
  */
 export class PageCache {
   readonly #entries = new Map<string, Entry>()
   readonly #maxBytes: number
+  readonly #missStreak: number
+  readonly #restMs: number
   #bytes = 0
+  #misses = 0
+  #restUntil = 0
 
-  constructor (maxBytes: number) {
+  constructor (maxBytes: number, { missStreak = 8, restMs = 1000 }: { missStreak?: number, restMs?: number } = {}) {
     this.#maxBytes = maxBytes
+    this.#missStreak = missStreak
+    this.#restMs = restMs
   }
 
-  get (key: string, stamp: string): UserPageJson | undefined {
+  resting (now = Date.now()): boolean {
+    return now < this.#restUntil
+  }
+
+  get (key: string, stamp: string, now = Date.now()): UserPageJson | undefined {
     const entry = this.#entries.get(key)
-    if (entry === undefined) return undefined
-    if (entry.stamp !== stamp) {
-      this.#remove(key, entry)
+    if (entry === undefined || entry.stamp !== stamp) {
+      if (entry !== undefined) this.#remove(key, entry)
+      if (++this.#misses >= this.#missStreak) {
+        this.#misses = 0
+        this.#restUntil = now + this.#restMs
+      }
       return undefined
     }
+    this.#misses = 0
     // Re-inserted: a Map iterates in insertion order, so the first key is the least recently used.
     this.#entries.delete(key)
     this.#entries.set(key, entry)

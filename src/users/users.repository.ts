@@ -242,15 +242,26 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
 }
 
 /**
- * A text that changes with every write committed to the SQLite file, by this
- * process or another (the CLI on the same file): `total_changes()` counts the
- * rows this connection has inserted, updated or deleted, and `data_version`
- * moves when any other connection commits. Two equal stamps mean no write came
- * in between. Undefined on PostgreSQL, which has no such value short of
- * serializing every write to the users table on one counter row.
+ * A text that changes whenever a write may have been committed since it was
+ * last read; two equal stamps mean no write came in between, from this
+ * process or any other.
+ *
+ * SQLite: `total_changes()` counts the rows this connection has inserted,
+ * updated or deleted, and `data_version` moves when another connection (the
+ * CLI, another process on the same file) commits.
+ *
+ * PostgreSQL: the current snapshot (`xmin:xmax:in-progress ids`). Its `xmax`
+ * is one past the newest finished transaction, and a transaction that
+ * finishes below it leaves the in-progress list, so any commit anywhere in
+ * the cluster changes it; reads that write nothing take no transaction id and
+ * leave it alone. Nothing is written to read it, so it costs writers nothing.
  */
-export async function readChangeStamp (db: Db): Promise<string | undefined> {
-  if (isPostgres(db)) return undefined
+export async function readChangeStamp (db: Db): Promise<string> {
+  if (isPostgres(db)) {
+    const [row] = await executePrepared(db, 'change_stamp', () => db.selectNoFrom(sql<string>`pg_current_snapshot()::text`.as('snapshot')), {})
+    if (row === undefined) throw new Error('a select without FROM returned no row')
+    return row.snapshot
+  }
   const [row] = await executePrepared(db, 'change_stamp', () =>
     db.selectNoFrom([sql<number>`total_changes()`.as('changes'), sql<number>`(select data_version from pragma_data_version())`.as('version')]), {})
   if (row === undefined) throw new Error('a select without FROM returned no row')

@@ -172,17 +172,18 @@ const PAGE_CACHE_BYTES = 4 * 1024 * 1024
 
 /**
  * A page as pageJson renders it, served from the page cache while the
- * database's change stamp is the one it was rendered under (SQLite only: see
- * page-cache.ts for why that is never staler than a fresh read).
+ * database's change stamp is the one it was rendered under (see page-cache.ts
+ * for why that is never staler than a fresh read, on either engine and across
+ * instances).
  */
 async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<{ json: string, next: [string, string] | undefined }> {
-  const stamp = await readChangeStamp(db)
-  if (stamp === undefined) return await pageJson(db, filter, sort, limit, after)
   let cache = pageCaches.get(db)
   if (cache === undefined) {
     cache = new PageCache(PAGE_CACHE_BYTES)
     pageCaches.set(db, cache)
   }
+  if (cache.resting()) return await pageJson(db, filter, sort, limit, after)
+  const stamp = await readChangeStamp(db)
   // Every input of the page, filters in name order whatever the order of the query string.
   const filters = Object.entries(filter).filter(([, value]) => value !== undefined).sort(([a], [b]) => a < b ? -1 : 1)
   const key = JSON.stringify([sort, limit, after, filters])
