@@ -4,12 +4,13 @@ import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import module from 'node:module'
-import { connect, createServer } from 'node:net'
+import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
+import { freePort } from './ports.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
@@ -20,14 +21,6 @@ function redisReachable (): Promise<boolean> {
     socket.on('error', () => resolve(false))
     socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
   })
-}
-
-async function freePort (): Promise<number> {
-  const server = createServer().listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const { port } = server.address() as { port: number }
-  server.close()
-  return port
 }
 
 /**

@@ -15,6 +15,7 @@ import { defaultConfig } from '../src/config.ts'
 import { auth, createTestApp, dialects, dropSchema, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
 import { BIN, listen, runCli } from './cli-helpers.ts'
 import { openHiddenPrompt } from '../src/cli/prompt.ts'
+import { freePort } from './ports.ts'
 
 const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-cli-'))
 after(() => { rmSync(tmp, { recursive: true, force: true }) })
@@ -486,14 +487,4 @@ for (const dialect of dialects()) {
       for (const username of names) assert.equal(await userNamed(username), undefined, username)
     })
   })
-}
-
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const address = server.address()
-  server.close()
-  if (address === null || typeof address === 'string') throw new Error('no port')
-  return address.port
 }

@@ -6,7 +6,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { promisify } from 'node:util'
 import { Attribute, Change, Client } from 'ldapts'
-import { freePort } from './nginx.ts'
+import { freePort } from './ports.ts'
 
 const run = promisify(execFile)
 

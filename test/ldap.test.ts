@@ -9,7 +9,7 @@ import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso
 import { checkWithDirectory, fillFilter } from '../src/sso/ldap.service.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { GROUPS, PEOPLE, SEARCH_DN, SEARCH_PASSWORD, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
-import { freePort } from './nginx.ts'
+import { freePort } from './ports.ts'
 
 const DIRECTORY_PASSWORD = 'directory pass phrase 42'
 const ORIGIN = 'http://localhost:80'

@@ -8,7 +8,8 @@ import { join } from 'node:path'
 import { test } from 'node:test'
 import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
-import { freePort, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
+import { NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
+import { freePort } from './ports.ts'
 
 const DOC = new URL('../docs/nginx.md', import.meta.url)
 const IDENTITY_HEADERS = ['X-Auth-User-Id', 'X-Auth-Username', 'X-Auth-Role', 'X-Auth-Groups', 'X-Auth-Credential']

@@ -1,6 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFile } from 'node:fs/promises'
-import { createServer as createNetServer, type AddressInfo } from 'node:net'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 
@@ -8,17 +7,6 @@ import { setTimeout as sleep } from 'node:timers/promises'
 export const NGINX = '/usr/sbin/nginx'
 
 export interface Nginx { proc: ChildProcess, exited: Promise<void> }
-
-export async function freePort (): Promise<number> {
-  return await new Promise((resolve, reject) => {
-    const server = createNetServer()
-    server.once('error', reject)
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as AddressInfo
-      server.close(() => resolve(port))
-    })
-  })
-}
 
 /**
  * A whole nginx.conf for one nginx process in the foreground, with every file

@@ -17,7 +17,8 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { PasswordHasher } from '../src/lib/passwords.ts'
 import { dropSchema, GOOD_PASSWORD } from './helpers.ts'
-import { errorLog, freePort, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
+import { errorLog, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
+import { freePort } from './ports.ts'
 
 /*
  * Three gatehouse processes on one PostgreSQL schema and one Redis, behind

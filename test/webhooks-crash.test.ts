@@ -2,7 +2,6 @@ import assert from 'node:assert/strict'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { mkdtempSync, rmSync } from 'node:fs'
-import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
@@ -12,18 +11,11 @@ import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
 import { dialects, dropSchema } from './helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
+import { freePort } from './ports.ts'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-webhooks-'))
 after(() => { rmSync(tmp, { recursive: true, force: true }) })
-
-async function freePort (): Promise<number> {
-  const server = createServer()
-  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as { port: number }
-  await new Promise(resolve => server.close(resolve))
-  return port
-}
 
 /** The service as production runs it: its own process, killed without warning by the test. */
 function startService (env: Record<string, string>): ChildProcess {
