@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, it } from 'node:test'
-import Database from 'better-sqlite3'
+import { Sqlite } from '../src/db/sqlite-binding.ts'
 import pg from 'pg'
 import { PageCache } from '../src/users/page-cache.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
@@ -91,7 +91,8 @@ describe('list pages after another connection writes the same SQLite file', () =
     assert.equal(created.statusCode, 201, created.body)
     assert.equal((await pageTwice(t))[0]?.first_name, null)
 
-    const other = new Database(file)
+    // The binding the product loads on this Node version (src/db/sqlite-binding.ts).
+    const other = new Sqlite(file)
     try {
       const changed = other.prepare('update users set first_name = ?, version = version + 1 where id = ?').run('FromElsewhere', created.json().id)
       assert.equal(changed.changes, 1)
