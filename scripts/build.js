@@ -104,8 +104,6 @@ const result = await esbuild.build({
   },
   minifyWhitespace: true,
   minifySyntax: true,
-  // Licence comments go to dist/*.LEGAL.txt rather than into the code (one of them held the only non-Latin-1 character left: see below).
-  legalComments: 'external',
   sourcemap: 'linked',
   logLevel: 'warning',
   metafile: true,
