@@ -2,8 +2,7 @@ import assert from 'node:assert/strict'
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
-import module from 'node:module'
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -21,6 +20,45 @@ function redisReachable (): Promise<boolean> {
     socket.on('error', () => resolve(false))
     socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
   })
+}
+
+/** The fields of the line that says the service is serving, from a start's output. */
+function servingLine (output: string): Record<string, unknown> | undefined {
+  for (const line of output.split('\n')) {
+    if (!line.startsWith('{')) continue
+    const entry = JSON.parse(line) as Record<string, unknown>
+    if (entry.msg === 'gatehouse is serving') return entry
+  }
+  return undefined
+}
+
+/** Starts dist/server.js on SQLite and waits until it serves, and, with `until`, for a line matching it. */
+async function startBuilt (env: NodeJS.ProcessEnv, until?: RegExp): Promise<{ output: string, stop: () => Promise<void> }> {
+  const port = await freePort()
+  const child = spawn(process.execPath, [join(root, 'dist/server.js')], { env: { PATH: process.env.PATH, HOST: '127.0.0.1', PORT: String(port), ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
+  let output = ''
+  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
+  const stop = async (): Promise<void> => {
+    if (child.exitCode !== null) return
+    child.kill('SIGTERM')
+    await once(child, 'exit')
+  }
+  try {
+    const deadline = Date.now() + 30_000
+    const ready = (): boolean => servingLine(output) !== undefined && (until === undefined || until.test(output))
+    while (!ready()) {
+      assert.equal(child.exitCode, null, `dist/server.js exited: ${output}`)
+      assert.ok(Date.now() < deadline, `no ${until === undefined ? 'serving line' : String(until)} in 30 s: ${output}`)
+      await new Promise(resolve => setTimeout(resolve, 50))
+    }
+    const health = await fetch(`http://127.0.0.1:${port}/auth/healthz`)
+    assert.equal(health.status, 200, output)
+  } catch (error) {
+    await stop()
+    throw error
+  }
+  return { get output () { return output }, stop }
 }
 
 /**
@@ -45,16 +83,11 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
       const port = await freePort()
       const redis = dialect.url !== undefined && await redisReachable()
       const schema = `gh_build_${randomBytes(6).toString('hex')}`
-      // Its own temporary directory, where the compile cache goes by default (NODE_COMPILE_CACHE would turn it on by itself).
-      const childTmp = join(tmp, `tmp-${dialect.name}`)
-      mkdirSync(childTmp)
       const env: NodeJS.ProcessEnv = {
-        TMPDIR: childTmp,
         PATH: process.env.PATH,
         HOME: process.env.HOME,
         HOST: '127.0.0.1',
         PORT: String(port),
-        LOG_LEVEL: 'warn',
         DATABASE_URL: dialect.url ?? `sqlite:${join(tmp, 'built.db')}`,
         ...(dialect.url !== undefined ? { DATABASE_SCHEMA: schema } : {}),
         ...(redis ? { REDIS_URL: 'redis://127.0.0.1:6379' } : {}),
@@ -121,12 +154,44 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         if (child.exitCode === null) await once(child, 'exit')
         if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
       }
-      // Node 22.1 and later: the launcher turned the compile cache on, so the next start reuses the compiled bundle.
-      if (typeof (module as { enableCompileCache?: unknown }).enableCompileCache === 'function') {
-        const compileCache = join(childTmp, 'node-compile-cache')
-        const entries = existsSync(compileCache) ? readdirSync(compileCache, { recursive: true, withFileTypes: true }).filter(entry => entry.isFile()) : []
-        assert.ok(entries.length > 0, `nothing was written to ${compileCache}`)
-      }
+      // The build kept the code V8 compiled for the bundle (dist/warm-code-cache.js), and this start used it.
+      assert.equal(servingLine(output)?.code_cache, 'used', output)
     })
   }
+
+  it('keeps the compiled code where there was none or it was damaged, uses it at the next start, and keeps none when told not to', { timeout: 60_000 }, async () => {
+    const cacheDir = join(tmp, 'compile-cache')
+    const env = { NODE_COMPILE_CACHE: cacheDir, DATABASE_URL: `sqlite:${join(tmp, 'cache.db')}`, GATEHOUSE_ADMIN_USERNAME: 'builtadmin', GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD }
+    const kept = (): string[] => existsSync(join(cacheDir, 'gatehouse')) ? readdirSync(join(cacheDir, 'gatehouse')) : []
+
+    const first = await startBuilt(env, /kept the compiled code for the next start/)
+    await first.stop()
+    assert.equal(servingLine(first.output)?.code_cache, 'missing', first.output)
+    assert.equal(kept().length, 1, kept().join(', '))
+    const file = join(cacheDir, 'gatehouse', kept()[0]!)
+
+    const second = await startBuilt(env)
+    await second.stop()
+    assert.equal(servingLine(second.output)?.code_cache, 'used', second.output)
+
+    // One byte changed in the middle, where V8 itself would not look: refused, compiled afresh, and kept again.
+    const data = readFileSync(file)
+    const middle = data.length >> 1
+    data.writeUInt8(data.readUInt8(middle) ^ 0xff, middle)
+    writeFileSync(file, data)
+    const third = await startBuilt(env, /kept the compiled code for the next start/)
+    await third.stop()
+    assert.equal(servingLine(third.output)?.code_cache, 'rejected', third.output)
+    const fourth = await startBuilt(env)
+    await fourth.stop()
+    assert.equal(servingLine(fourth.output)?.code_cache, 'used', fourth.output)
+
+    rmSync(cacheDir, { recursive: true })
+    const off = await startBuilt({ ...env, NODE_DISABLE_COMPILE_CACHE: '1' })
+    // Past the moment a start would keep its code.
+    await new Promise(resolve => setTimeout(resolve, 1500))
+    await off.stop()
+    assert.equal(servingLine(off.output)?.code_cache, 'off', off.output)
+    assert.deepEqual(kept(), [])
+  })
 })

@@ -17,6 +17,7 @@ import { externalUserRow } from './identities.service.ts'
 import { deleteLoginsBefore, findProviderRow, insertLogin, listProviderRows, takeLogin, type ProviderRow } from './oidc.repository.ts'
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
+import { importPackage } from '../lib/import-package.ts'
 
 /** From the redirect to the provider to the callback: long enough to type a password and a code there. */
 export const LOGIN_STATE_MS = 10 * 60_000
@@ -88,7 +89,7 @@ const discovered = new Map<string, { fingerprint: string, at: number, configurat
 // Loaded by the first OIDC sign-in, not at start-up: a deployment without providers never needs it.
 let openidClientModule: Promise<typeof oidc> | undefined
 async function openidClient (): Promise<typeof oidc> {
-  return await (openidClientModule ??= import('openid-client'))
+  return await (openidClientModule ??= importPackage<typeof import('openid-client')>('openid-client'))
 }
 
 /** The provider's metadata (discovery), read once an hour and whenever its settings change. */
