@@ -300,9 +300,20 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       app.log.warn({ err }, 'could not purge old sessions; will try again')
     }
   }
-  const purgeTimer = setInterval(() => { purge().catch(() => {}) }, 3_600_000).unref()
-  app.addHook('onReady', purge)
-  app.addHook('onClose', async () => { clearInterval(purgeTimer) })
+  // One purge at a time, none once closing begins, and the last awaited before the database closes.
+  let purging: Promise<void> = Promise.resolve()
+  let closing = false
+  const purgeInBackground = (): void => {
+    if (!closing) purging = purging.then(purge)
+  }
+  const purgeTimer = setInterval(purgeInBackground, 3_600_000).unref()
+  // At start as well, once the server listens: nothing waits on it, so the start does not either.
+  app.addHook('onReady', async () => { setImmediate(purgeInBackground) })
+  app.addHook('preClose', async () => {
+    closing = true
+    clearInterval(purgeTimer)
+    await purging
+  })
 
   if (config.docsEnabled) await registerDocs(app, config)
   if (config.metricsEnabled) await app.register(metricsPlugin, { path: `${config.basePath}/metrics` })
