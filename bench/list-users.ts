@@ -17,7 +17,7 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
-import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
+import { argon2Limit, BENCH_PASSWORD, codeCacheState, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
   log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
@@ -153,9 +153,12 @@ function printTable (rows: Array<[string, Measurement]>, ratio: number, meets: b
 // ---------------------------------------------------------------- the run
 
 /** POST /auth/api/users with a password (one argon2id hash each), unique usernames; and the event loop's p99 meanwhile. */
-async function measureCreates (child: Child, base: string, key: string): Promise<{ run: Measurement, limit: { hashesPerSec: number, concurrency: number }, eventLoopP99Ms: number | null }> {
-  // Nothing else is loaded now, so the hashes measure the machine, not the servers.
-  const limit = await argon2Limit(Math.max(3, Math.round(settings.durationS / 2)))
+async function measureCreates (child: Child, base: string, key: string): Promise<{ run: Measurement, limit: { hashesPerSec: number, before: number, after: number, concurrency: number }, eventLoopP99Ms: number | null }> {
+  // Nothing else is loaded now, so the hashes measure the machine, not the servers. Measured before
+  // and after the creates, and the two averaged: this machine's speed drifts over a run (stop 15's
+  // runs saw the limit move by half between runs), and one side alone takes all of that drift.
+  const limitSeconds = Math.max(3, Math.round(settings.durationS / 2))
+  const before = await argon2Limit(limitSeconds)
   await eventLoopP99Ms(base, key)
   let counter = 0
   const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu } = await measureLoad('create', child, {
@@ -168,14 +171,15 @@ async function measureCreates (child: Child, base: string, key: string): Promise
     }]
   }, settings)
   const p99 = await eventLoopP99Ms(base, key)
+  const after = await argon2Limit(limitSeconds)
   return {
     run: { url: `${base}${USERS_PATH}`, bodyBytes: 0, ...summary, throughputBytesPerSec: r.throughput.average, serverCpu, loadGeneratorCpu, otherCpu, non2xx: r.non2xx, errors: r.errors, timeouts: r.timeouts },
-    limit,
+    limit: { hashesPerSec: (before.hashesPerSec + after.hashesPerSec) / 2, before: before.hashesPerSec, after: after.hashesPerSec, concurrency: before.concurrency },
     eventLoopP99Ms: p99
   }
 }
 
-type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
+type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, codeCache: string, idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
 
 /** The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it. */
 async function measurePostgres (): Promise<PostgresPart> {
@@ -203,6 +207,7 @@ async function measurePostgres (): Promise<PostgresPart> {
       RATE_LIMIT_PER_ADDRESS: '1000000000'
     }), base)
     const key = await readAdminKey(child)
+    const codeCache = codeCacheState(child)
     const url = `${base}${USERS_PATH}?limit=${PAGE_SIZE}`
     const page = await checkList(url, { 'x-api-key': key }, PAGE_SIZE)
     await sleep(2000)
@@ -211,14 +216,14 @@ async function measurePostgres (): Promise<PostgresPart> {
     const cookie = await sessionCookie(base, key, 'bench.verify')
     const verify = await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie }, 0)
     await stopChild(child)
-    return { ran: true, startupMs, idleRss, list, verify, seedMs }
+    return { ran: true, startupMs, codeCache, idleRss, list, verify, seedMs }
   } finally {
     await dropSchema(settings.postgresUrl, schema)
   }
 }
 
 /** Issue 8's table: each row as measured in this run, with its goal. */
-function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: number, idleRss: number | null, verifyResult: Measurement, creates: Awaited<ReturnType<typeof measureCreates>>, postgres: PostgresPart, bareResult: Measurement, gatehouseResult: Measurement }): { text: string, values: Record<string, number | null | string | boolean> } {
+function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: number, codeCache: string, coldStartupMs: number, idleRss: number | null, verifyResult: Measurement, creates: Awaited<ReturnType<typeof measureCreates>>, postgres: PostgresPart, bareResult: Measurement, gatehouseResult: Measurement }): { text: string, values: Record<string, number | null | string | boolean> } {
   const pgPart = m.postgres
   // PostgreSQL's own processes count as "other CPU" during the PostgreSQL targets (about a core), so only the others tell whether the machine was quiet.
   const measured: Array<[string, Measurement]> = [['bare', m.bareResult], ['gatehouse', m.gatehouseResult], ['verify', m.verifyResult], ['create', m.creates.run]]
@@ -232,6 +237,7 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
     verifyPostgresToSqlite: pgPart.ran ? pgPart.verify.reqPerSec.average / m.verifyResult.reqPerSec.average : null,
     startupSqliteMs: m.startupMs,
     startupPostgresMs: pgPart.ran ? pgPart.startupMs : null,
+    startupSqliteWithoutCodeCacheMs: m.coldStartupMs,
     idleRssSqliteMiB: m.idleRss,
     idleRssPostgresMiB: pgPart.ran ? pgPart.idleRss : null,
     createToArgon2Limit: createRatio,
@@ -243,16 +249,17 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
     ['list 50 on SQLite ÷ bare Fastify (CPU-time ratio)', `${show(values.listSqliteToBare, 3)} (${show(values.listSqliteToBareCpuTime, 3)})`, '≥ 0.5', m.ratio >= 0.5],
     ['list 50 on PostgreSQL ÷ bare Fastify', show(values.listPostgresToBare, 3), '≥ 0.3', typeof values.listPostgresToBare === 'number' && values.listPostgresToBare >= 0.3],
     ['verify (session cookie) PostgreSQL ÷ SQLite', show(values.verifyPostgresToSqlite, 3), '≥ 0.7', typeof values.verifyPostgresToSqlite === 'number' && values.verifyPostgresToSqlite >= 0.7],
-    ['startup to first 2xx, SQLite / PostgreSQL', `${show(values.startupSqliteMs, 0, ' ms')} / ${show(values.startupPostgresMs, 0, ' ms')}`, '< 500 ms',
+    [`startup to first 2xx, SQLite / PostgreSQL (compiled code: ${m.codeCache} / ${pgPart.ran ? pgPart.codeCache : 'n/a'})`, `${show(values.startupSqliteMs, 0, ' ms')} / ${show(values.startupPostgresMs, 0, ' ms')}`, '< 500 ms',
       m.startupMs < 500 && (!pgPart.ran || pgPart.startupMs < 500)],
     ['idle RSS, SQLite / PostgreSQL', `${show(values.idleRssSqliteMiB, 0, ' MiB')} / ${show(values.idleRssPostgresMiB, 0, ' MiB')}`, '< 100 MiB',
       m.idleRss !== null && m.idleRss < 100 && (!pgPart.ran || (pgPart.idleRss !== null && pgPart.idleRss < 100))],
-    [`create ÷ argon2id limit (${fmt(m.creates.limit.hashesPerSec, 1)} hashes/s at ${m.creates.limit.concurrency}), event-loop p99`,
+    [`create ÷ argon2id limit (${fmt(m.creates.limit.hashesPerSec, 1)} hashes/s at ${m.creates.limit.concurrency}: ${fmt(m.creates.limit.before, 1)} before, ${fmt(m.creates.limit.after, 1)} after), event-loop p99`,
       `${createRatio.toFixed(3)}, ${show(values.createEventLoopP99Ms, 1, ' ms')}`, '≥ 0.9, < 20 ms',
       createRatio >= 0.9 && m.creates.eventLoopP99Ms !== null && m.creates.eventLoopP99Ms < 20]
   ] as const
   const table = formatTable(['issue 8 row', 'this run', 'goal', 'met'], rows.map(([a, b, c, d]) => [a, b, c, d ? 'yes' : 'NO']))
   const text = ['', 'Issue 8, every row from this run (ratios of targets measured one after another in this run):', '', ...table.lines,
+    `The same SQLite start without the compiled code the build kept (NODE_DISABLE_COMPILE_CACHE=1): ${show(values.startupSqliteWithoutCodeCacheMs, 0, ' ms')}.`,
     ...(pgPart.ran ? [] : [`PostgreSQL part skipped: ${pgPart.why}`]),
     ...(busy.length > 0 ? [`WARNING: other processes used ${busy.join(', ')} of the CPU while measuring: these ratios are disturbed; run again on a quiet machine.`] : []),
     ''].join('\n') + '\n'
@@ -293,6 +300,7 @@ async function main (): Promise<void> {
   const gatehouseBase = `http://${HOST}:${gatehousePort}`
   const { child: gatehouse, startupMs } = await startTimed('gatehouse', env, gatehouseBase, profArgs('gatehouse'))
   const key = await readAdminKey(gatehouse)
+  const codeCache = codeCacheState(gatehouse)
   const auth = { 'x-api-key': key }
   log(`gatehouse ready on ${gatehouseBase} (pid ${gatehouse.proc.pid}), admin key ${key.slice(0, 16)}…`)
 
@@ -329,6 +337,10 @@ async function main (): Promise<void> {
   const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
   const creates = await measureCreates(gatehouse, gatehouseBase, key)
   const postgres = await measurePostgres()
+  // The same start once more, beside the idle server, without the code the build compiled and kept: what that saves.
+  const coldPort = await freePort()
+  const { child: cold, startupMs: coldStartupMs } = await startTimed('gatehouse-cold', { ...env, PORT: String(coldPort), NODE_DISABLE_COMPILE_CACHE: '1' }, `http://${HOST}:${coldPort}`)
+  await stopChild(cold)
 
   // 5. Report.
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
@@ -342,7 +354,7 @@ async function main (): Promise<void> {
   process.stdout.write(`bare+read/bare: ${(bareReadResult.reqPerSec.average / bareResult.reqPerSec.average).toFixed(3)} ` +
     `(the issue's reference read); gatehouse/bare+read: ${readRatio.toFixed(3)}\n\n`)
 
-  const rows = issueRows({ ratio, cpuRatio, startupMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
+  const rows = issueRows({ ratio, cpuRatio, startupMs, codeCache, coldStartupMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
   process.stdout.write(rows.text)
 
   const report = {
@@ -351,7 +363,7 @@ async function main (): Promise<void> {
     verify: verifyResult,
     creates,
     postgres,
-    startup: { ms: startupMs, idleRssMiB: idleRss },
+    startup: { ms: startupMs, codeCache, withoutCodeCacheMs: coldStartupMs, idleRssMiB: idleRss },
     startedAt: stamp,
     valid,
     /** False when other processes competed for the CPU (see otherCpu): compare such runs with care. */

@@ -159,6 +159,12 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
     })
   }
 
+  it('writes the service\'s bundle inside Node\'s module function, in strict mode as the ES modules it is made of', () => {
+    const start = readFileSync(join(root, 'dist/gatehouse.cjs'), 'latin1').slice(0, 200)
+    assert.match(start, /^\(function \(exports, require, module, __filename, __dirname\) \{ 'use strict';/)
+    assert.match(readFileSync(join(root, 'dist/cli/main.cjs'), 'latin1').slice(0, 200), /^'use strict';/)
+  })
+
   it('keeps the compiled code where there was none or it was damaged, uses it at the next start, and keeps none when told not to', { timeout: 60_000 }, async () => {
     const cacheDir = join(tmp, 'compile-cache')
     const env = { NODE_COMPILE_CACHE: cacheDir, DATABASE_URL: `sqlite:${join(tmp, 'cache.db')}`, GATEHOUSE_ADMIN_USERNAME: 'builtadmin', GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD }

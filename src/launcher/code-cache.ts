@@ -31,9 +31,8 @@ export interface LoadedBundle<T> {
   codeCache: CodeCache
 }
 
-// The function Node wraps every CommonJS module in.
+// The function Node wraps every CommonJS module in: the build writes the bundle inside it (scripts/build.js).
 const WRAPPER_START = '(function (exports, require, module, __filename, __dirname) { '
-const WRAPPER_END = '\n})'
 
 /**
  * Runs a CommonJS bundle the way `require` would, with the code V8 compiled
@@ -49,6 +48,7 @@ const WRAPPER_END = '\n})'
 export function loadBundle<T> (bundle: string, env: NodeJS.ProcessEnv = process.env): LoadedBundle<T> {
   // The build refuses a bundle with a character beyond Latin-1, so this is the exact text, read without UTF-8 decoding.
   const source = readFileSync(bundle, 'latin1')
+  if (!source.startsWith(WRAPPER_START)) throw new Error(`${bundle} is not a bundle written by scripts/build.js (it does not start with Node's module function); run npm run build`)
   const file = env.NODE_DISABLE_COMPILE_CACHE !== undefined && env.NODE_DISABLE_COMPILE_CACHE !== '' ? undefined : cacheFileFor(bundle, env)
   let kept: Buffer | undefined
   if (file !== undefined) {
@@ -59,7 +59,7 @@ export function loadBundle<T> (bundle: string, env: NodeJS.ProcessEnv = process.
     }
   }
   const cachedData = kept !== undefined ? checkedData(kept) : undefined
-  const script = new vm.Script(WRAPPER_START + source + WRAPPER_END, {
+  const script = new vm.Script(source, {
     filename: bundle,
     // No importModuleDynamically: the bundle imports packages through the launcher (src/lib/import-package.ts).
     ...(cachedData !== undefined ? { cachedData } : {})
