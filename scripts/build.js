@@ -18,8 +18,8 @@
 // - Left outside the bundle: native addons, ioredis (it reads its own
 //   package.json through __dirname; Swagger UI, which serves its files from
 //   there, is bundled with its own directory put back: OWN_DIRNAME below),
-//   and the packages only some deployments load, lazily (PostgreSQL, passkeys,
-//   TOTP, OIDC, LDAP).
+//   and the packages only some deployments load, lazily (passkeys, TOTP, OIDC,
+//   LDAP).
 // - Modules that read files next to themselves (the console's and the MFA
 //   pages' CSS and scripts, `new URL('./assets/…', import.meta.url)`) run from
 //   dist/gatehouse.cjs or dist/cli/main.cjs, so those files are copied to
@@ -56,10 +56,12 @@ const EXTERNAL = [
   'better-sqlite3', 'better-sqlite3-node-api', '@node-rs/argon2', '@node-rs/bcrypt', 'pg-native',
   // It locates its own package.json through __dirname.
   'ioredis',
-  // Imported lazily (`await import()`), when a deployment first needs them:
+  // Imported lazily (src/lib/import-package.ts), when a deployment first needs them:
   // outside the bundle, a start-up that does not need them neither loads nor
   // compiles them, and Node's own import gives CommonJS packages their named exports.
-  'pg', '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts',
+  // (pg is inside: required on first use, src/db/pg-driver.ts, and a PostgreSQL start
+  // then reads it from the bundle's compiled code rather than compiling some 30 files.)
+  '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts',
   // Resolved (not loaded) by OWN_DIRNAME's modules below, at run time.
   '@fastify/swagger-ui/package.json'
 ]

@@ -1,6 +1,7 @@
 import { buildApp } from '../app.ts'
 import { bootstrap } from '../bootstrap.ts'
 import { loadConfig } from '../config.ts'
+import { loadPg } from '../db/pg-driver.ts'
 
 /**
  * Runs what a start runs, on an in-memory database and without a port, then
@@ -10,6 +11,8 @@ import { loadConfig } from '../config.ts'
  */
 export async function exerciseStart (): Promise<void> {
   const config = loadConfig({ DATABASE_URL: 'sqlite::memory:', LOG_LEVEL: 'silent' })
+  // pg's own start-up (its modules, run once) is kept too, for deployments on PostgreSQL; connecting needs a server.
+  loadPg()
   const app = await buildApp({ config })
   try {
     await bootstrap(app.db, app.passwords, config, app.log)
