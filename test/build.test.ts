@@ -26,7 +26,13 @@ function redisReachable (): Promise<boolean> {
 function servingLine (output: string): Record<string, unknown> | undefined {
   for (const line of output.split('\n')) {
     if (!line.startsWith('{')) continue
-    const entry = JSON.parse(line) as Record<string, unknown>
+    let entry: Record<string, unknown>
+    try {
+      entry = JSON.parse(line) as Record<string, unknown>
+    } catch {
+      // the last line, still arriving
+      continue
+    }
     if (entry.msg === 'gatehouse is serving') return entry
   }
   return undefined
