@@ -144,7 +144,7 @@ export const MfaStatus = Type.Object({
 export type MfaStatus = Static<typeof MfaStatus>
 
 export const ReauthBody = Type.Object({
-  password: Type.Optional(Type.String({ minLength: 1, maxLength: 1024, description: 'Your current password.' })),
+  password: Type.Optional(Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true, description: 'Your current password.' })),
   totp_code: Type.Optional(Type.String({ minLength: 1, maxLength: 16, pattern: '^[0-9 ]+$', description: 'The 6 digits your authenticator app shows.' })),
   recovery_code: Type.Optional(Type.String({ minLength: 1, maxLength: 32, pattern: '^[A-Za-z0-9 -]+$', description: 'One of your recovery codes; it is spent.' })),
   passkey: Type.Optional(ref(PasskeyCredential))
