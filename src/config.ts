@@ -53,6 +53,8 @@ export interface Config {
   bootstrapAdminPassword: string | undefined
   /** A session ends after this long without a request… */
   sessionIdleTimeoutMs: number
+  /** How recent a session's sign-in or re-authentication must be for changes to factors (docs/mfa.md#recent-authentication). */
+  reauthWindowMs: number
   /** …and in any case this long after sign-in. */
   sessionAbsoluteTimeoutMs: number
   /** How long a checked API key or session is trusted without reading the database again (0: never); see auth/credential-cache.ts. */
@@ -158,6 +160,7 @@ const DEFAULTS: Config = {
   bootstrapAdminUsername: undefined,
   bootstrapAdminPassword: undefined,
   sessionIdleTimeoutMs: 30 * 60_000,
+  reauthWindowMs: 10 * 60_000,
   sessionAbsoluteTimeoutMs: 12 * 3_600_000,
   credentialCacheTtlMs: 5000,
   loginMaxFailuresPerAccount: 10,
@@ -256,6 +259,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.bootstrapAdminUsername = str('GATEHOUSE_ADMIN_USERNAME')
   c.bootstrapAdminPassword = str('GATEHOUSE_ADMIN_PASSWORD')
   c.sessionIdleTimeoutMs = int('SESSION_IDLE_TIMEOUT_S', c.sessionIdleTimeoutMs / 1000) * 1000
+  c.reauthWindowMs = int('REAUTH_WINDOW_SECONDS', c.reauthWindowMs / 1000) * 1000
   c.sessionAbsoluteTimeoutMs = int('SESSION_ABSOLUTE_TIMEOUT_S', c.sessionAbsoluteTimeoutMs / 1000) * 1000
   c.credentialCacheTtlMs = int('CREDENTIAL_CACHE_TTL_MS', c.credentialCacheTtlMs)
   c.loginMaxFailuresPerAccount = int('LOGIN_MAX_FAILURES_PER_ACCOUNT', c.loginMaxFailuresPerAccount)
@@ -327,6 +331,8 @@ function validate (c: Config): Config {
   }
   // Longer, and a revoked credential kept working that long wherever a change notice went missing.
   if (c.credentialCacheTtlMs > 60_000) throw new ConfigError('CREDENTIAL_CACHE_TTL_MS must be at most 60000')
+  // Zero would make every change to factors ask again at once; an hour keeps a stolen session's window small enough.
+  if (c.reauthWindowMs < 60_000 || c.reauthWindowMs > 3_600_000) throw new ConfigError('REAUTH_WINDOW_SECONDS must be between 60 and 3600')
   if (c.sessionIdleTimeoutMs < 60_000 || c.sessionAbsoluteTimeoutMs < c.sessionIdleTimeoutMs) {
     throw new ConfigError('SESSION_IDLE_TIMEOUT_S must be at least 60 and SESSION_ABSOLUTE_TIMEOUT_S at least the idle time-out')
   }

@@ -42,6 +42,7 @@ export type ErrorCode =
   | 'rate_limited'
   | 'mfa_failed'
   | 'mfa_required'
+  | 'reauthentication_required'
   | 'mfa_not_enrolled'
   | 'totp_not_configured'
   | 'totp_already_enrolled'

@@ -415,4 +415,260 @@ for (const dialect of dialects()) {
       assert.equal(setup.json().code, 'totp_not_configured')
     })
   })
+
+  describe(`recent authentication for changes to factors (${dialect.name})`, () => {
+    const WINDOW_MS = 10 * 60_000
+    const t = useTestApp(dialect, { ...BASE, mfaEncryptionKey: randomBytes(32), reauthWindowMs: WINDOW_MS, loginMaxFailuresPerAccount: 3 })
+
+    /** A password-only session and its id. */
+    async function signedIn (username: string, from = '127.0.0.1'): Promise<{ token: string, sessionId: string }> {
+      const res = await login(t, username, from)
+      assert.equal(res.statusCode, 200, res.body)
+      return { token: res.json().token, sessionId: res.json().session_id }
+    }
+
+    /** Moves the session's sign-in (and any re-authentication) `ms` into the past: the clock is the database's row, not a sleep. */
+    async function signedInAgo (sessionId: string, ms: number): Promise<void> {
+      await t.app.db.updateTable('sessions').set({ created_at: new Date(Date.now() - ms).toISOString(), reauthenticated_at: null })
+        .where('id', '=', sessionId).execute()
+    }
+
+    async function reauth (token: string, payload: Record<string, unknown>, from = '127.0.0.1'): Promise<LightMyRequestResponse> {
+      return await t.app.inject({ method: 'POST', url: '/auth/api/me/reauthenticate', headers: bearer(token), payload, remoteAddress: from })
+    }
+
+    it('refuses every change to factors from a session signed in longer ago than the window with 403 reauthentication_required, and allows them after a re-authentication with the password', async () => {
+      const user = await createUser(t)
+      const { token, sessionId } = await signedIn(user.username)
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      const { secret } = await enrolTotp(t, token)
+      const added = await addPasskey(t, token, authenticator)
+      assert.equal(added.statusCode, 201, added.body)
+      const passkeyId = added.json().passkey.id
+      const registration = await call(t, 'POST', '/auth/api/me/passkeys/options', token)
+      assert.equal(registration.statusCode, 200, registration.body)
+
+      await signedInAgo(sessionId, WINDOW_MS + 60_000)
+      const guarded: Array<[string, () => Promise<LightMyRequestResponse>]> = [
+        ['start TOTP', async () => await call(t, 'POST', '/auth/api/me/mfa/totp', token)],
+        ['confirm TOTP', async () => await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(secret) })],
+        ['remove TOTP', async () => await call(t, 'DELETE', '/auth/api/me/mfa/totp', token)],
+        ['new recovery codes', async () => await call(t, 'POST', '/auth/api/me/mfa/recovery-codes', token)],
+        ['passkey options', async () => await call(t, 'POST', '/auth/api/me/passkeys/options', token)],
+        ['add a passkey', async () => await call(t, 'POST', '/auth/api/me/passkeys', token, { name: 'Second', credential: authenticator.create(registration.json().options) })],
+        ['remove a passkey', async () => await call(t, 'DELETE', `/auth/api/me/passkeys/${passkeyId}`, token)]
+      ]
+      for (const [what, request] of guarded) {
+        const res = await request()
+        assert.equal(res.statusCode, 403, `${what}: ${res.body}`)
+        assert.equal(res.json().code, 'reauthentication_required', what)
+        assert.deepEqual(res.json().reauthenticate_with, ['password', 'totp', 'passkey', 'recovery_code'], what)
+      }
+      const status = (await call(t, 'GET', '/auth/api/me/mfa', token)).json()
+      assert.equal(status.totp.enrolled, true)
+      assert.equal(status.passkeys.length, 1)
+      assert.equal(status.recovery_codes_remaining, 10)
+      // Renaming changes no factor: no proof needed.
+      assert.equal((await call(t, 'PATCH', `/auth/api/me/passkeys/${passkeyId}`, token, { name: 'Renamed' })).statusCode, 200)
+
+      const proved = await reauth(token, { password: GOOD_PASSWORD })
+      assert.equal(proved.statusCode, 200, proved.body)
+      assert.equal(proved.json().method, 'password')
+      assert.equal(new Date(proved.json().valid_until).getTime() - new Date(proved.json().reauthenticated_at).getTime(), WINDOW_MS)
+      assert.equal((await call(t, 'POST', '/auth/api/me/mfa/recovery-codes', token)).statusCode, 200)
+      assert.equal((await call(t, 'DELETE', `/auth/api/me/passkeys/${passkeyId}`, token)).statusCode, 204)
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp', token)).statusCode, 204)
+      const events = await eventsOf(t, user.id)
+      const done = events.find(e => e.type === 'user.reauthenticated')
+      assert.deepEqual(done?.data, { method: 'password', session_id: sessionId })
+    })
+
+    it('counts a fresh sign-in as recent until the window has passed since it', async () => {
+      const user = await createUser(t)
+      const { token, sessionId } = await signedIn(user.username)
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', token)).statusCode, 200)
+      await signedInAgo(sessionId, WINDOW_MS - 60_000)
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', token)).statusCode, 200)
+      await signedInAgo(sessionId, WINDOW_MS + 1000)
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', token)).json().code, 'reauthentication_required')
+      // Another sign-in is a new session, recent again.
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', (await signedIn(user.username)).token)).statusCode, 200)
+    })
+
+    it('refuses a wrong password with 401, records it, and counts it toward the sign-in throttle of the account', async () => {
+      const user = await createUser(t)
+      const from = '198.51.100.31'
+      const { token, sessionId } = await signedIn(user.username, from)
+      await signedInAgo(sessionId, WINDOW_MS + 60_000)
+      for (let i = 0; i < 3; i++) {
+        const wrong = await reauth(token, { password: 'not the password at all' }, from)
+        assert.equal(wrong.statusCode, 401, wrong.body)
+        assert.equal(wrong.json().code, 'invalid_credentials')
+      }
+      // The account's budget from this address is spent: the right password is not even checked, and sign-in is throttled alike.
+      const throttled = await reauth(token, { password: GOOD_PASSWORD }, from)
+      assert.equal(throttled.statusCode, 429, throttled.body)
+      assert.equal((await login(t, user.username, from)).statusCode, 429)
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', token)).json().code, 'reauthentication_required')
+      const failures = (await eventsOf(t, user.id)).filter(e => e.type === 'user.reauthentication_failed')
+      assert.equal(failures.length, 3)
+      assert.deepEqual(failures[0]!.data, { reason: 'wrong_password', method: 'password', session_id: sessionId })
+      assert.ok(!JSON.stringify(failures).includes('not the password at all'))
+    })
+
+    it('re-authenticates with a TOTP code (once per code), a recovery code (spent) or a passkey', async () => {
+      const user = await createUser(t)
+      const { token, sessionId } = await signedIn(user.username)
+      const { secret, recoveryCodes } = await enrolTotp(t, token)
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      assert.equal((await addPasskey(t, token, authenticator)).statusCode, 201)
+
+      await signedInAgo(sessionId, WINDOW_MS + 60_000)
+      const code = await codeAt(secret, 1)
+      const byCode = await reauth(token, { totp_code: code })
+      assert.equal(byCode.statusCode, 200, byCode.body)
+      assert.equal(byCode.json().method, 'totp')
+      assert.equal((await call(t, 'POST', '/auth/api/me/passkeys/options', token)).statusCode, 200)
+
+      await signedInAgo(sessionId, WINDOW_MS + 60_000)
+      assert.equal((await reauth(token, { totp_code: code })).statusCode, 401, 'a code is accepted once')
+      const byRecovery = await reauth(token, { recovery_code: recoveryCodes[0]!.toUpperCase() })
+      assert.equal(byRecovery.statusCode, 200, byRecovery.body)
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().recovery_codes_remaining, 9)
+
+      await signedInAgo(sessionId, WINDOW_MS + 60_000)
+      const options = await call(t, 'POST', '/auth/api/me/reauthenticate/passkey-options', token)
+      assert.equal(options.statusCode, 200, options.body)
+      assert.equal(options.json().ceremony, 'get')
+      // A re-authentication ceremony is no passwordless sign-in.
+      const assertion = authenticator.get(options.json().options)
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey', payload: { credential: assertion } })).statusCode, 401)
+      const byPasskey = await reauth(token, { passkey: authenticator.get(options.json().options) })
+      assert.equal(byPasskey.statusCode, 200, byPasskey.body)
+      assert.equal(byPasskey.json().method, 'passkey')
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp', token)).statusCode, 204)
+    })
+
+    it('takes exactly one proof, and only from a session: API keys can neither re-authenticate nor change factors', async () => {
+      const user = await createUser(t)
+      const { token } = await signedIn(user.username)
+      const both = await reauth(token, { password: GOOD_PASSWORD, totp_code: '123456' })
+      assert.equal(both.statusCode, 422)
+      assert.equal((await reauth(token, {})).statusCode, 422)
+      const byKey = await t.app.inject({ method: 'POST', url: '/auth/api/me/reauthenticate', headers: auth(t.adminKey), payload: { password: GOOD_PASSWORD } })
+      assert.equal(byKey.statusCode, 403)
+      assert.equal(byKey.json().code, 'forbidden')
+    })
+
+    it('asks on the account page for a re-authentication, then lets the person retry', async () => {
+      const user = await createUser(t)
+      const res = await login(t, user.username)
+      const cookie = { gatehouse_session: res.json().token }
+      const page = async (url: string, form?: Record<string, string>): Promise<LightMyRequestResponse> => await t.app.inject({
+        method: form === undefined ? 'GET' : 'POST',
+        url,
+        cookies: cookie,
+        headers: form === undefined ? {} : { 'content-type': 'application/x-www-form-urlencoded', 'sec-fetch-site': 'same-origin' },
+        ...(form !== undefined ? { payload: new URLSearchParams(form).toString() } : {})
+      })
+      assert.equal((await page('/auth/account/totp', {})).statusCode, 200)
+      await signedInAgo(res.json().session_id, WINDOW_MS + 60_000)
+
+      const asked = await page('/auth/account/totp', {})
+      assert.equal(asked.statusCode, 403)
+      assert.match(asked.body, /<section class="reauth" id="reauth">/)
+      assert.match(asked.body, /<input id="reauth-password" name="password" type="password"/)
+      assert.doesNotMatch(asked.body, /id="totp-qr"/)
+      const wrong = await page('/auth/account/reauthenticate', { password: 'not the password at all' })
+      assert.equal(wrong.statusCode, 401)
+      assert.match(wrong.body, /id="reauth"/)
+      const proved = await page('/auth/account/reauthenticate', { password: GOOD_PASSWORD })
+      assert.equal(proved.statusCode, 303)
+      assert.equal(proved.headers.location, '/auth/account?reauthenticated=1')
+      assert.match((await page('/auth/account?reauthenticated=1')).body, /id="notice"/)
+      const retried = await page('/auth/account/totp', {})
+      assert.equal(retried.statusCode, 200)
+      assert.match(retried.body, /id="totp-qr"/)
+    })
+  })
+
+  describe(`TOTP set-up: mistakes, cancelling, the account page (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { ...BASE, mfaEncryptionKey: randomBytes(32) })
+
+    async function pages (username: string): Promise<(url: string, form?: Record<string, string>) => Promise<LightMyRequestResponse>> {
+      const token = await sessionOf(t, username)
+      return async (url, form) => await t.app.inject({
+        method: form === undefined ? 'GET' : 'POST',
+        url,
+        cookies: { gatehouse_session: token },
+        headers: form === undefined ? {} : { 'content-type': 'application/x-www-form-urlencoded', 'sec-fetch-site': 'same-origin' },
+        ...(form !== undefined ? { payload: new URLSearchParams(form).toString() } : {})
+      })
+    }
+
+    const keyOn = (html: string): string => /<code id="totp-secret">([A-Z2-7 ]+)<\/code>/.exec(html)![1]!
+
+    it('keeps the pending set-up after a mistyped code on the account page, shows the same key grouped by four, and turns it on with the next right code', async () => {
+      const user = await createUser(t)
+      const page = await pages(user.username)
+      const started = await page('/auth/account/totp', {})
+      assert.equal(started.statusCode, 200, started.body)
+      const shown = keyOn(started.body)
+      assert.match(shown, /^([A-Z2-7]{4} )+[A-Z2-7]{1,4}$/)
+      const secret = shown.replace(/ /g, '')
+      const wrongCode = await codeAt(secret) === '000000' ? '111111' : '000000'
+      const wrong = await page('/auth/account/totp/confirm', { code: wrongCode })
+      assert.equal(wrong.statusCode, 422)
+      assert.equal(keyOn(wrong.body), shown)
+      assert.match(wrong.body, /the set-up is kept/)
+      const right = await page('/auth/account/totp/confirm', { code: await codeAt(secret) })
+      assert.equal(right.statusCode, 200, right.body)
+      assert.equal((right.body.match(/<li><code>/g) ?? []).length, 10)
+      assert.match(right.body, /id="copy-codes"/)
+      assert.match(right.body, /id="download-codes"/)
+    })
+
+    it('discards a pending set-up after ten wrong codes', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      const { secret } = (await call(t, 'POST', '/auth/api/me/mfa/totp', token)).json()
+      await t.app.db.updateTable('totp_factors').set({ confirm_failures: 9 }).where('user_id', '=', user.id).execute()
+      const tenth = await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(secret) === '000000' ? '111111' : '000000' })
+      assert.equal(tenth.statusCode, 409, tenth.body)
+      assert.equal(tenth.json().code, 'totp_not_pending')
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().totp.pending, false)
+      assert.equal((await call(t, 'POST', '/auth/api/me/mfa/totp/confirm', token, { code: await codeAt(secret) })).json().code, 'totp_not_pending')
+      // A new set-up starts its count afresh.
+      assert.equal((await call(t, 'POST', '/auth/api/me/mfa/totp', token)).statusCode, 200)
+      const row = await t.app.db.selectFrom('totp_factors').select('confirm_failures').where('user_id', '=', user.id).executeTakeFirstOrThrow()
+      assert.equal(row.confirm_failures, 0)
+    })
+
+    it('cancels a pending set-up through the API and the page, and leaves an enrolled app alone', async () => {
+      const user = await createUser(t)
+      const token = await sessionOf(t, user.username)
+      assert.equal((await call(t, 'POST', '/auth/api/me/mfa/totp', token)).statusCode, 200)
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp/setup', token)).statusCode, 204)
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().totp.pending, false)
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp/setup', token)).json().code, 'totp_not_pending')
+
+      const page = await pages(user.username)
+      assert.equal((await page('/auth/account/totp', {})).statusCode, 200)
+      const waiting = await page('/auth/account')
+      assert.match(waiting.body, /Continue the set-up/)
+      assert.equal((await page('/auth/account/totp/cancel', {})).statusCode, 303)
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().totp.pending, false)
+
+      await enrolTotp(t, token)
+      assert.equal((await call(t, 'DELETE', '/auth/api/me/mfa/totp/setup', token)).json().code, 'totp_not_pending')
+      assert.equal((await call(t, 'GET', '/auth/api/me/mfa', token)).json().totp.enrolled, true)
+    })
+
+    it('links the account page back to the admin console for admins only', async () => {
+      const admin = await createUser(t, { role: 'admin' })
+      assert.match((await (await pages(admin.username))('/auth/account')).body, /<a href="\/auth\/admin" id="console-link">/)
+      const user = await createUser(t)
+      assert.doesNotMatch((await (await pages(user.username))('/auth/account')).body, /console-link/)
+    })
+  })
 }

@@ -220,6 +220,20 @@ for (const dialect of dialects()) {
       assert.ok(!JSON.stringify(events).includes('a brand new passphrase'))
     })
 
+    it('changes the own password with the current one however long ago the session signed in, which counts as a re-authentication of the session', async () => {
+      const me = await createUser(t)
+      const signedIn = (await login(t, me.username)).json()
+      const bearer = { authorization: `Bearer ${signedIn.token}` }
+      // Signed in longer ago than REAUTH_WINDOW_SECONDS (the row's time moved back, not a wait).
+      await t.app.db.updateTable('sessions').set({ created_at: new Date(Date.now() - t.config.reauthWindowMs - 60_000).toISOString() })
+        .where('id', '=', signedIn.session_id).execute()
+      const factorChange = async () => await t.app.inject({ method: 'POST', url: '/auth/api/me/passkeys/options', headers: bearer })
+      assert.equal((await factorChange()).json().code, 'reauthentication_required')
+      const put = await t.app.inject({ method: 'PUT', url: '/auth/api/me/password', headers: bearer, payload: { current_password: GOOD_PASSWORD, new_password: 'a brand new passphrase' } })
+      assert.equal(put.statusCode, 204, put.body)
+      assert.equal((await factorChange()).statusCode, 200, 'the current password was a recent proof')
+    })
+
     it('ends a user\'s sessions when an admin disables them or sets their password', async () => {
       const user = await createUser(t)
       const first = (await login(t, user.username)).json().token

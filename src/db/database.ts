@@ -64,6 +64,8 @@ export interface SessionsTable {
   user_agent: string | null
   /** A second factor (or a user-verified passkey) was shown at this sign-in; `X-Auth-MFA`. */
   mfa: ColumnType<boolean | number, boolean | undefined, boolean>
+  /** The last re-authentication (docs/mfa.md#recent-authentication); null: none since the sign-in. */
+  reauthenticated_at: ColumnType<Date | string | null, string | null | undefined, string | null>
 }
 
 export interface ApiKeysTable {
@@ -111,6 +113,8 @@ export interface TotpFactorsTable {
   /** bigint: pg hands it back as a string. */
   last_time_step: ColumnType<string | number | null, number | null, number | null>
   created_at: Timestamp
+  /** Wrong codes while the set-up is pending; past a limit the pending secret is dropped. */
+  confirm_failures: ColumnType<number, number | undefined, number>
 }
 
 export interface RecoveryCodesTable {

@@ -7,7 +7,7 @@ export const EVENT_TYPES = [
   'user.login_succeeded', 'user.login_failed', 'user.locked', 'user.unlocked', 'user.password_changed', 'session.ended',
   'user.mfa_challenged', 'user.mfa_failed', 'user.totp_enrolled', 'user.totp_removed',
   'user.passkey_added', 'user.passkey_renamed', 'user.passkey_removed',
-  'user.recovery_codes_generated', 'user.recovery_code_used', 'user.mfa_reset',
+  'user.recovery_codes_generated', 'user.recovery_code_used', 'user.mfa_reset', 'user.reauthenticated', 'user.reauthentication_failed',
   'user.identity_linked',
   'user.identity_unlinked', 'user.sso_login_succeeded', 'user.sso_login_failed',
   'sso_provider.created', 'sso_provider.updated', 'sso_provider.deleted',

@@ -12,8 +12,9 @@ import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts
 import { authenticateSession, type SessionsDeps, type SignIn } from '../sessions/sessions.service.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import {
-  completeSignIn, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, passkeySignIn, regenerateRecoveryCodes, removeTotp,
-  startTotp, startTotpForChallenge, type MfaPending, type MfaProof
+  assertRecentAuthentication, cancelTotpSetup, completeSignIn, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, passkeySignIn,
+  pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof,
+  type ReauthProof
 } from './mfa.service.ts'
 import { relyingParty } from './mfa.routes.ts'
 
@@ -26,7 +27,10 @@ button{margin-top:1rem;width:100%;padding:.6rem;border:0;border-radius:4px;backg
 button.secondary{background:#fff;color:#1f5fcf;border:2px solid #1f5fcf}a{color:#1f5fcf;font-weight:600}
 .error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}
 .qr svg{display:block;width:12rem;height:12rem;margin:0 auto}code{font-size:1.05rem;word-break:break-all}
-ol.codes{columns:2;font-family:monospace;font-size:1.05rem}`
+ol.codes{columns:2;font-family:monospace;font-size:1.05rem}
+.notice{background:#e8f3e8;color:#1c4d1c;border:1px solid #9cc99c;padding:.6rem;border-radius:4px}
+section.reauth{border:2px solid #1f5fcf;border-radius:6px;padding:0 1rem 1rem;margin:1rem 0}
+.actions{display:flex;gap:.5rem}.actions button{flex:1}`
 const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
 /** Scripts only from here (the passkey helper and its library), fetches only to here, forms only to here. */
 const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
@@ -71,10 +75,15 @@ function hidden (name: string, value: string | undefined): string {
   return value === undefined ? '' : `<input type="hidden" name="${name}" value="${escapeHtml(value)}">\n`
 }
 
+/** The base32 key in groups of four, as authenticator apps accept it typed (they ignore the spaces). */
+export function groupedKey (secret: string): string {
+  return secret.replace(/=+$/, '').match(/.{1,4}/g)?.join(' ') ?? ''
+}
+
 function totpBlock (setup: TotpSetup): string {
   return `<p>Scan this code with your authenticator app, or type the key below into it.</p>
 <div class="qr" id="totp-qr">${setup.qr_svg}</div>
-<p>Key: <code id="totp-secret">${escapeHtml(setup.secret)}</code></p>
+<p>Key: <code id="totp-secret">${escapeHtml(groupedKey(setup.secret))}</code></p>
 `
 }
 
@@ -104,6 +113,8 @@ function codesPage (basePath: string, codes: string[], continueTo: string): stri
 <ol class="codes" id="recovery-codes">
 ${codes.map(c => `<li><code>${escapeHtml(c)}</code></li>`).join('\n')}
 </ol>
+<div class="actions"><button type="button" class="secondary" id="copy-codes" hidden>Copy</button><button type="button" class="secondary" id="download-codes" hidden>Download</button></div>
+<p id="codes-status" role="status"></p>
 <p><a href="${escapeHtml(continueTo)}" id="continue">Continue</a></p>`)
 }
 
@@ -207,22 +218,52 @@ ${hidden('next', next)}<input type="hidden" name="passkey" value="">
     }
   })
 
-  const accountPage = async (principal: Principal, error?: string): Promise<string> => {
+  const reauthMinutes = Math.round(app.config.reauthWindowMs / 60_000)
+
+  /** The small form that proves the person again, with what this user has: password, a code, a passkey; or else a fresh sign-in. */
+  const reauthSection = async (principal: Principal): Promise<string> => {
+    const methods = await reauthMethods(deps, principal.userId!)
+    const codes = methods.includes('totp')
+      ? 'Code from your authenticator app, or a recovery code'
+      : methods.includes('recovery_code') ? 'A recovery code' : undefined
+    const fields = (methods.includes('password')
+      ? '<label for="reauth-password">Your password</label>\n<input id="reauth-password" name="password" type="password" autocomplete="current-password" autofocus>\n'
+      : '') + (codes !== undefined ? `<label for="reauth-code">${codes}</label>\n<input id="reauth-code" name="code" autocomplete="one-time-code">\n` : '')
+    const form = methods.length === 0
+      ? '<p>Sign out and sign in again; a fresh sign-in counts.</p>'
+      : `<form method="post" action="${accountPath}/reauthenticate">
+<input type="hidden" name="passkey" value="">
+${fields}${fields !== '' ? '<button type="submit">Confirm</button>\n' : ''}${methods.includes('passkey') ? '<button type="button" class="secondary" data-passkey="reauth" hidden>Confirm with a passkey</button>\n' : ''}</form>`
+    return `<section class="reauth" id="reauth">
+<h2>Confirm it is you</h2>
+<p>Changes to your second factors need a sign-in within the last ${reauthMinutes} minutes. Confirm, then make the change again.</p>
+${form}
+</section>
+`
+  }
+
+  const accountPage = async (principal: Principal, options: { error?: string, reauth?: boolean, notice?: string } = {}): Promise<string> => {
     const status = await mfaStatus(deps, principal.userId!)
     const hasFactor = status.totp.enrolled || status.passkeys.length > 0
     const totp = status.totp.enrolled
       ? `<p id="totp-state">On.</p><form method="post" action="${accountPath}/totp/remove"><button type="submit" class="secondary">Remove the authenticator app</button></form>`
-      : app.config.mfaEncryptionKey !== undefined
-        ? `<p id="totp-state">Off.</p><form method="post" action="${accountPath}/totp"><button type="submit">Set up an authenticator app</button></form>`
-        : '<p id="totp-state">Not available here (the operator has not set MFA_ENCRYPTION_KEY).</p>'
+      : app.config.mfaEncryptionKey === undefined
+        ? '<p id="totp-state">Not available here (the operator has not set MFA_ENCRYPTION_KEY).</p>'
+        : status.totp.pending
+          ? `<p id="totp-state">Set-up waiting for its first code.</p><div class="actions"><form method="post" action="${accountPath}/totp/continue"><button type="submit">Continue the set-up</button></form>` +
+            `<form method="post" action="${accountPath}/totp/cancel"><button type="submit" class="secondary">Cancel the set-up</button></form></div>`
+          : `<p id="totp-state">Off.</p><form method="post" action="${accountPath}/totp"><button type="submit">Set up an authenticator app</button></form>`
     const passkeys = status.passkeys.length === 0
       ? '<p>None yet.</p>'
       : `<ul id="passkeys">${status.passkeys.map(p => `<li>${escapeHtml(p.name)}</li>`).join('')}</ul>`
     const codes = hasFactor
       ? `<p id="recovery-state">${status.recovery_codes_remaining} of 10 left.</p><form method="post" action="${accountPath}/recovery-codes"><button type="submit" class="secondary">Make new recovery codes</button></form>`
       : '<p>You get ten with your first second factor.</p>'
-    return layout(basePath, 'Account security', `<p>Signed in as <strong id="username">${escapeHtml(principal.user!.username)}</strong>${status.required ? '; this account must have a second factor' : ''}.</p>
-<h2>Authenticator app</h2>
+    // Admins come here from the console to enrol a factor; the way back.
+    const consoleLink = principal.user!.role === 'admin' ? `<p><a href="${basePath}/admin" id="console-link">Back to the admin console</a></p>\n` : ''
+    const notice = options.notice !== undefined ? `<p class="notice" role="status" id="notice">${escapeHtml(options.notice)}</p>\n` : ''
+    return layout(basePath, 'Account security', `${notice}${consoleLink}<p>Signed in as <strong id="username">${escapeHtml(principal.user!.username)}</strong>${status.required ? '; this account must have a second factor' : ''}.</p>
+${options.reauth === true ? await reauthSection(principal) : ''}<h2>Authenticator app</h2>
 ${totp}
 <h2>Passkeys</h2>
 ${passkeys}
@@ -234,7 +275,7 @@ ${passkeys}
 </form>
 <h2>Recovery codes</h2>
 ${codes}
-<form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, error)
+<form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, options.error)
   }
 
   /** The account pages' guard: a signed-in browser, and for posts, one of our own pages. */
@@ -245,6 +286,11 @@ ${codes}
     return principal
   }
 
+  /** A change to factors: only with a sign-in or re-authentication within REAUTH_WINDOW_SECONDS (the account page then asks for one). */
+  const recent = async (principal: Principal): Promise<void> => {
+    await assertRecentAuthentication(deps, { id: principal.id, userId: principal.userId! })
+  }
+
   /** Known refusals are shown on the account page; anything else is a real error. */
   const orAccountPage = async (reply: FastifyReply, principal: Principal, work: () => Promise<FastifyReply>): Promise<FastifyReply> => {
     try {
@@ -252,36 +298,96 @@ ${codes}
     } catch (error) {
       if (!(error instanceof AppError) || error.status >= 500 || error.status === 401) throw error
       for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
-      return send(reply, error.status, await accountPage(principal, error.detail))
+      const reauth = error.code === 'reauthentication_required'
+      return send(reply, error.status, await accountPage(principal, { error: reauth ? 'Confirm it is you first, then try again.' : error.detail, reauth }))
     }
   }
+
+  const totpSetupPage = (setup: TotpSetup, error?: string): string => layout(basePath, 'Set up an authenticator app', `${totpBlock(setup)}<form method="post" action="${accountPath}/totp/confirm">
+<label for="code">Code from the app</label>
+<input id="code" name="code" autocomplete="one-time-code" inputmode="numeric" autofocus>
+<button type="submit">Turn on</button>
+</form>
+<form method="post" action="${accountPath}/totp/cancel"><button type="submit" class="secondary">Cancel</button></form>`, error)
 
   app.get('/account', { schema: { hide: true } }, async (request, reply) => {
     const principal = await account(request, reply, false)
     if (principal === undefined) return reply
-    return send(reply, 200, await accountPage(principal))
+    const query = request.query as Record<string, unknown>
+    // The passkey button's script comes here when the API asked for a re-authentication.
+    if (query.reauthenticate !== undefined) return send(reply, 200, await accountPage(principal, { reauth: true }))
+    const notice = query.reauthenticated !== undefined ? `Confirmed. For the next ${reauthMinutes} minutes you can change your second factors.` : undefined
+    return send(reply, 200, await accountPage(principal, notice !== undefined ? { notice } : {}))
+  })
+
+  app.post('/account/reauthenticate', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    const password = field(request.body, 'password', 1024)
+    const code = field(request.body, 'code', 64).replace(/\s/g, '')
+    const passkey = field(request.body, 'passkey', 32_768)
+    try {
+      const proof: ReauthProof = password !== ''
+        ? { password }
+        : code !== '' ? (/^\d{6}$/.test(code) ? { totpCode: code } : { recoveryCode: code }) : passkey !== '' ? { passkey: parseCredential(passkey) } : {}
+      await reauthenticate(deps, requestContext(request), { id: principal.id, userId: principal.userId! }, proof, relyingParty(request, app.config))
+      return await reply.code(303).header('Location', `${accountPath}?reauthenticated=1`).send()
+    } catch (error) {
+      if (!(error instanceof AppError) || !['invalid_credentials', 'mfa_failed', 'rate_limited', 'validation_failed'].includes(error.code)) throw error
+      for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
+      const message = error.code === 'rate_limited'
+        ? 'Too many failed attempts. Wait a few minutes, then try again.'
+        : error.code === 'validation_failed' ? 'Enter your password or a code.' : 'That was not accepted. Try again.'
+      return send(reply, error.status, await accountPage(principal, { error: message, reauth: true }))
+    }
   })
 
   app.post('/account/totp', form, async (request, reply) => {
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {
-      const setup = await startTotp(deps, principal.user!)
-      return send(reply, 200, layout(basePath, 'Set up an authenticator app', `${totpBlock(setup)}<form method="post" action="${accountPath}/totp/confirm">
-<label for="code">Code from the app</label>
-<input id="code" name="code" autocomplete="one-time-code" inputmode="numeric" autofocus>
-<button type="submit">Turn on</button>
-</form>`))
+      await recent(principal)
+      return send(reply, 200, totpSetupPage(await startTotp(deps, principal.user!)))
     })
+  })
+
+  app.post('/account/totp/continue', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const setup = await pendingTotpSetup(deps, principal.user!)
+      if (setup === undefined) return await reply.code(303).header('Location', accountPath).send()
+      return send(reply, 200, totpSetupPage(setup))
+    })
+  })
+
+  app.post('/account/totp/cancel', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    // Nothing waiting (cancelled in another tab) is the state asked for.
+    await cancelTotpSetup(deps, principal.userId!).catch((error: unknown) => { if (!(error instanceof AppError && error.code === 'totp_not_pending')) throw error })
+    return await reply.code(303).header('Location', accountPath).send()
   })
 
   app.post('/account/totp/confirm', form, async (request, reply) => {
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {
-      const result = await confirmTotp(deps, requestContext(request), principal.userId!, field(request.body, 'code', 64))
-      if (result.recoveryCodes !== undefined) return send(reply, 200, codesPage(basePath, result.recoveryCodes, accountPath))
-      return await reply.code(303).header('Location', accountPath).send()
+      await recent(principal)
+      try {
+        const result = await confirmTotp(deps, requestContext(request), principal.userId!, field(request.body, 'code', 64))
+        if (result.recoveryCodes !== undefined) return send(reply, 200, codesPage(basePath, result.recoveryCodes, accountPath))
+        return await reply.code(303).header('Location', accountPath).send()
+      } catch (error) {
+        // A mistyped code keeps the set-up: the same key again, so the entry already scanned still works.
+        const setup = error instanceof AppError && (error.code === 'invalid_code' || error.code === 'rate_limited') ? await pendingTotpSetup(deps, principal.user!) : undefined
+        if (setup === undefined) throw error
+        for (const [name, value] of Object.entries((error as AppError).headers)) reply.header(name, value)
+        const message = (error as AppError).code === 'rate_limited'
+          ? 'Too many wrong codes. Wait a few minutes, then enter the code the app shows.'
+          : 'That is not the code the app shows now. Enter the current code (the set-up is kept).'
+        return send(reply, (error as AppError).status, totpSetupPage(setup, message))
+      }
     })
   })
 
@@ -289,6 +395,7 @@ ${codes}
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {
+      await recent(principal)
       await removeTotp(deps, requestContext(request), principal.userId!)
       return await reply.code(303).header('Location', accountPath).send()
     })
@@ -298,6 +405,7 @@ ${codes}
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {
+      await recent(principal)
       const json = field(request.body, 'passkey', 32_768)
       if (json === '') throw new AppError('passkey_rejected', 422, 'The browser gave no passkey.')
       let credential: PasskeyCredential
@@ -317,6 +425,7 @@ ${codes}
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {
+      await recent(principal)
       const codes = await regenerateRecoveryCodes(deps, requestContext(request), principal.userId!)
       return send(reply, 200, codesPage(basePath, codes, accountPath))
     })

@@ -12,7 +12,7 @@ export async function findTotp (db: Db, userId: string) {
 export async function putPendingTotp (db: Db, userId: string, secret: string, at: string): Promise<boolean> {
   const result = await db.insertInto('totp_factors')
     .values({ user_id: userId, secret, confirmed_at: null, last_time_step: null, created_at: at })
-    .onConflict(oc => oc.column('user_id').doUpdateSet({ secret, created_at: at, last_time_step: null })
+    .onConflict(oc => oc.column('user_id').doUpdateSet({ secret, created_at: at, last_time_step: null, confirm_failures: 0 })
       .where('totp_factors.confirmed_at', 'is', null))
     .executeTakeFirst()
   return (result.numInsertedOrUpdatedRows ?? 0n) > 0n
@@ -33,6 +33,22 @@ export async function acceptTotpStep (db: Db, userId: string, step: number, at: 
     .returning('user_id')
     .executeTakeFirst()
   return row !== undefined
+}
+
+/** Counts one wrong code against a pending set-up; its new count, or undefined when none is pending. */
+export async function countTotpConfirmFailure (db: Db, userId: string): Promise<number | undefined> {
+  const row = await db.updateTable('totp_factors')
+    .set(eb => ({ confirm_failures: eb('confirm_failures', '+', 1) }))
+    .where('user_id', '=', userId).where('confirmed_at', 'is', null)
+    .returning('confirm_failures')
+    .executeTakeFirst()
+  return row?.confirm_failures
+}
+
+/** Drops a set-up still waiting for its first code; false when none is pending. */
+export async function deletePendingTotp (db: Db, userId: string): Promise<boolean> {
+  const result = await db.deleteFrom('totp_factors').where('user_id', '=', userId).where('confirmed_at', 'is', null).executeTakeFirst()
+  return result.numDeletedRows > 0n
 }
 
 export async function deleteTotp (db: Db, userId: string): Promise<boolean> {

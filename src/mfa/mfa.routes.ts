@@ -9,11 +9,12 @@ import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts
 import type { SessionsDeps } from '../sessions/sessions.service.ts'
 import {
   ChallengeTokenBody, MfaSession, MfaStatus, MfaVerifyBody, Passkey, PasskeyAdded, PasskeyAssertionBody, PasskeyCreate, PasskeyParams, PasskeyPatch,
-  RecoveryCodeList, TotpConfirm, TotpConfirmed, TotpSetup, UserParams, WebAuthnOptions
+  ReauthBody, Reauthenticated, RecoveryCodeList, TotpConfirm, TotpConfirmed, TotpSetup, UserParams, WebAuthnOptions
 } from './mfa.schemas.ts'
 import {
-  completeSignIn, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, passkeySignIn, regenerateRecoveryCodes,
-  removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn, startTotp, startTotpForChallenge
+  assertRecentAuthentication, cancelTotpSetup, completeSignIn, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, passkeySignIn,
+  reauthenticate, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn,
+  startReauthPasskey, startTotp, startTotpForChallenge
 } from './mfa.service.ts'
 import type { RelyingParty } from './passkeys.service.ts'
 import { registerMfaPages } from './mfa-pages.ts'
@@ -41,6 +42,8 @@ export function sessionUser (request: FastifyRequest): { id: string, username: s
 }
 
 const JSON_ONLY = ['application/json']
+const REAUTH_NOTE = ' Needs a recent sign-in or re-authentication (REAUTH_WINDOW_SECONDS, default 10 minutes): otherwise 403 `reauthentication_required`; ' +
+  're-authenticate with Re-authenticate (`POST /auth/api/me/reauthenticate`) and try again.'
 
 export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   app.post('/api/login/mfa', {
@@ -130,6 +133,49 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
 
   const own = { scope: 'signed_in' as const }
 
+  /** The session's user, for a change to factors: only with a sign-in or re-authentication within REAUTH_WINDOW_SECONDS. */
+  const recentSessionUser = async (request: FastifyRequest): Promise<{ id: string, username: string }> => {
+    const user = sessionUser(request)
+    await assertRecentAuthentication(deps, { id: request.principal!.id, userId: user.id })
+    return user
+  }
+
+  app.post('/api/me/reauthenticate', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'reauthenticate',
+      summary: 'Re-authenticate',
+      description: 'Proves again that the session\'s person is there, for changes to second factors (docs/mfa.md#recent-authentication): ' +
+        'exactly one of the current password, a TOTP code, a recovery code (spent) or a passkey assertion (from Re-authentication Passkey Options). ' +
+        'The session may then change factors for REAUTH_WINDOW_SECONDS. Throttled like sign-in: failures are 401 `invalid_credentials` and count ' +
+        'against the same budgets (429 when spent). Needs a session, not an API key; a user with neither a password nor a factor signs in again instead.',
+      security: SECURITY,
+      consumes: JSON_ONLY,
+      body: ref(ReauthBody),
+      response: { 200: { ...ref(Reauthenticated), description: 'Re-authenticated.' }, ...problems(401, 403, 415, 422, 429, 503) }
+    },
+    config: { ...own, accepts: JSON_ONLY }
+  }, async (request) => {
+    const user = sessionUser(request)
+    const body = request.body
+    const result = await reauthenticate(deps, requestContext(request), { id: request.principal!.id, userId: user.id }, {
+      password: body.password, totpCode: body.totp_code, recoveryCode: body.recovery_code, passkey: body.passkey
+    }, relyingParty(request, app.config))
+    return { method: result.method, reauthenticated_at: result.reauthenticatedAt, valid_until: result.validUntil }
+  })
+
+  app.post('/api/me/reauthenticate/passkey-options', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'reauthenticate_passkey_options',
+      summary: 'Re-authentication Passkey Options',
+      description: 'WebAuthn request options for one of your passkeys, valid 5 minutes; send the assertion to Re-authenticate as `passkey`.',
+      security: SECURITY,
+      response: { 200: { ...ref(WebAuthnOptions), description: 'Pass `options` to navigator.credentials.get().' }, ...problems(401, 403, 404, 503) }
+    },
+    config: own
+  }, async (request) => await startReauthPasskey(deps, sessionUser(request).id, relyingParty(request, app.config)))
+
   app.get('/api/me/mfa', {
     schema: {
       tags: ['mfa'],
@@ -148,19 +194,21 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       operationId: 'start_my_totp',
       summary: 'Set Up an Authenticator App',
       description: 'A new TOTP secret (RFC 6238, SHA-1, 6 digits, 30 s) as a URI and a server-rendered QR code; it works once confirmed with a code. ' +
-        'Answers 409 `totp_not_configured` when the deployment has no MFA_ENCRYPTION_KEY.',
+        'A set-up still waiting for its code is replaced. Answers 409 `totp_not_configured` when the deployment has no MFA_ENCRYPTION_KEY.' + REAUTH_NOTE,
       security: SECURITY,
       response: { 200: { ...ref(TotpSetup), description: 'Scan it, then confirm with a code.' }, ...problems(401, 403, 409, 503) }
     },
     config: own
-  }, async (request) => await startTotp(deps, sessionUser(request)))
+  }, async (request) => await startTotp(deps, await recentSessionUser(request)))
 
   app.post('/api/me/mfa/totp/confirm', {
     schema: {
       tags: ['mfa'],
       operationId: 'confirm_my_totp',
       summary: 'Confirm the Authenticator App',
-      description: 'The app\'s current code turns the set-up on. With the user\'s first factor come ten recovery codes, shown once. Wrong codes count against the second-factor budget.',
+      description: 'The app\'s current code turns the set-up on. With the user\'s first factor come ten recovery codes, shown once. ' +
+        'A wrong code (422 `invalid_code`) keeps the set-up for the next try, and counts against the second-factor budget; after 10 wrong codes ' +
+        'the set-up is discarded (409 `totp_not_pending`).' + REAUTH_NOTE,
       security: SECURITY,
       consumes: JSON_ONLY,
       body: ref(TotpConfirm),
@@ -168,7 +216,7 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
     },
     config: { ...own, accepts: JSON_ONLY }
   }, async (request) => {
-    const result = await confirmTotp(deps, requestContext(request), sessionUser(request).id, request.body.code)
+    const result = await confirmTotp(deps, requestContext(request), (await recentSessionUser(request)).id, request.body.code)
     return result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {}
   })
 
@@ -177,13 +225,28 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       tags: ['mfa'],
       operationId: 'remove_my_totp',
       summary: 'Remove the Authenticator App',
-      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.',
+      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.' + REAUTH_NOTE,
       security: SECURITY,
       response: { 204: { type: 'null', description: 'Removed.' }, ...problems(401, 403, 409, 503) }
     },
     config: own
   }, async (request, reply) => {
-    await removeTotp(deps, requestContext(request), sessionUser(request).id)
+    await removeTotp(deps, requestContext(request), (await recentSessionUser(request)).id)
+    return await reply.code(204).send(null)
+  })
+
+  app.delete('/api/me/mfa/totp/setup', {
+    schema: {
+      tags: ['mfa'],
+      operationId: 'cancel_my_totp_setup',
+      summary: 'Cancel the Authenticator App Set-up',
+      description: 'Discards a set-up still waiting for its first code (409 `totp_not_pending` when none waits). An enrolled app stays.',
+      security: SECURITY,
+      response: { 204: { type: 'null', description: 'Discarded.' }, ...problems(401, 403, 409, 503) }
+    },
+    config: own
+  }, async (request, reply) => {
+    await cancelTotpSetup(deps, sessionUser(request).id)
     return await reply.code(204).send(null)
   })
 
@@ -192,31 +255,31 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       tags: ['mfa'],
       operationId: 'regenerate_my_recovery_codes',
       summary: 'New Recovery Codes',
-      description: 'Ten new single-use codes; the old ones stop working.',
+      description: 'Ten new single-use codes; the old ones stop working.' + REAUTH_NOTE,
       security: SECURITY,
       response: { 200: { ...ref(RecoveryCodeList), description: 'Shown this once.' }, ...problems(401, 403, 409, 503) }
     },
     config: own
-  }, async (request) => ({ recovery_codes: await regenerateRecoveryCodes(deps, requestContext(request), sessionUser(request).id) }))
+  }, async (request) => ({ recovery_codes: await regenerateRecoveryCodes(deps, requestContext(request), (await recentSessionUser(request)).id) }))
 
   app.post('/api/me/passkeys/options', {
     schema: {
       tags: ['mfa'],
       operationId: 'my_passkey_options',
       summary: 'Passkey Registration Options',
-      description: 'Starts adding a passkey: WebAuthn creation options, valid 5 minutes.',
+      description: 'Starts adding a passkey: WebAuthn creation options, valid 5 minutes.' + REAUTH_NOTE,
       security: SECURITY,
       response: { 200: { ...ref(WebAuthnOptions), description: 'Pass `options` to navigator.credentials.create().' }, ...problems(401, 403, 503) }
     },
     config: own
-  }, async (request) => await startPasskeyRegistration(deps, sessionUser(request), relyingParty(request, app.config)))
+  }, async (request) => await startPasskeyRegistration(deps, await recentSessionUser(request), relyingParty(request, app.config)))
 
   app.post('/api/me/passkeys', {
     schema: {
       tags: ['mfa'],
       operationId: 'add_my_passkey',
       summary: 'Add a Passkey',
-      description: 'Registers the credential the browser created for Passkey Registration Options. With the user\'s first factor come ten recovery codes.',
+      description: 'Registers the credential the browser created for Passkey Registration Options. With the user\'s first factor come ten recovery codes.' + REAUTH_NOTE,
       security: SECURITY,
       consumes: JSON_ONLY,
       body: ref(PasskeyCreate),
@@ -227,7 +290,7 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
     },
     config: { ...own, accepts: JSON_ONLY }
   }, async (request, reply) => {
-    const user = sessionUser(request)
+    const user = await recentSessionUser(request)
     const result = await finishPasskeyRegistration(deps, requestContext(request), user.id, request.body.name, request.body.credential, relyingParty(request, app.config))
     return await reply.code(201).send({ passkey: result.passkey, ...(result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {}) })
   })
@@ -252,14 +315,14 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       tags: ['mfa'],
       operationId: 'remove_my_passkey',
       summary: 'Remove a Passkey',
-      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.',
+      description: 'Refused (409 `mfa_required`) when it is the last factor of a user MFA_REQUIRED applies to.' + REAUTH_NOTE,
       security: SECURITY,
       params: PasskeyParams,
       response: { 204: { type: 'null', description: 'Removed.' }, ...problems(401, 403, 404, 409, 503) }
     },
     config: own
   }, async (request, reply) => {
-    await removeOwnPasskey(deps, requestContext(request), sessionUser(request).id, request.params.passkey_id)
+    await removeOwnPasskey(deps, requestContext(request), (await recentSessionUser(request)).id, request.params.passkey_id)
     return await reply.code(204).send(null)
   })
 

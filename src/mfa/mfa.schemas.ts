@@ -143,10 +143,23 @@ export const MfaStatus = Type.Object({
 }, { $id: 'MfaStatus', additionalProperties: false })
 export type MfaStatus = Static<typeof MfaStatus>
 
+export const ReauthBody = Type.Object({
+  password: Type.Optional(Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true, description: 'Your current password.' })),
+  totp_code: Type.Optional(Type.String({ minLength: 1, maxLength: 16, pattern: '^[0-9 ]+$', description: 'The 6 digits your authenticator app shows.' })),
+  recovery_code: Type.Optional(Type.String({ minLength: 1, maxLength: 32, pattern: '^[A-Za-z0-9 -]+$', description: 'One of your recovery codes; it is spent.' })),
+  passkey: Type.Optional(ref(PasskeyCredential))
+}, { $id: 'ReauthBody', additionalProperties: false, description: 'Exactly one of `password`, `totp_code`, `recovery_code` or `passkey` (an assertion for Re-authentication Passkey Options).' })
+
+export const Reauthenticated = Type.Object({
+  method: Type.Enum(['password', ...MFA_METHODS], { description: 'What proved it.' }),
+  reauthenticated_at: Timestamp(),
+  valid_until: Timestamp({ description: 'Changes to factors are allowed until then (REAUTH_WINDOW_SECONDS).' })
+}, { $id: 'Reauthenticated', additionalProperties: false })
+
 export const PasskeyParams = Type.Object({ passkey_id: Uuid() }, { additionalProperties: false })
 export const UserParams = Type.Object({ user_id: Uuid() }, { additionalProperties: false })
 
 export const MFA_SCHEMAS = [
   MfaChallenge, PasskeyCredential, MfaVerifyBody, ChallengeTokenBody, MfaSession, TotpSetup, TotpConfirm, RecoveryCodeList,
-  TotpConfirmed, Passkey, PasskeyAdded, PasskeyCreate, PasskeyPatch, PasskeyAssertionBody, WebAuthnOptions, MfaStatus
+  TotpConfirmed, Passkey, PasskeyAdded, PasskeyCreate, PasskeyPatch, PasskeyAssertionBody, WebAuthnOptions, MfaStatus, ReauthBody, Reauthenticated
 ]

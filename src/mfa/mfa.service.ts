@@ -6,11 +6,12 @@ import { recordEvent } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
-import { openSession, reserveAttempt, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
+import { openSession, reserveAttempt, throttleBudgets, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
+import { findSessionProof, markSessionReauthenticated } from '../sessions/sessions.repository.ts'
 import {
-  acceptTotpStep, closeChallenge, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deleteTotp, factorCounts, findOpenSignInChallenge,
-  findTotp, insertChallenge, listPasskeys, putPendingTotp, renamePasskey, replaceRecoveryCodes, setWebauthnChallenge, spendRecoveryCode,
-  takeWebauthnChallenge
+  acceptTotpStep, closeChallenge, countTotpConfirmFailure, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deletePendingTotp, deleteTotp,
+  factorCounts, findOpenSignInChallenge, findTotp, insertChallenge, listPasskeys, putPendingTotp, renamePasskey, replaceRecoveryCodes,
+  setWebauthnChallenge, spendRecoveryCode, takeWebauthnChallenge
 } from './mfa.repository.ts'
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './passkeys.service.ts'
@@ -23,6 +24,12 @@ export const MFA_TOKEN_PREFIX = 'gatehouse_mfa_'
 const CHALLENGE_MS = 5 * 60_000
 const ISSUER = 'gatehouse'
 const RECOVERY_CODE_COUNT = 10
+/**
+ * Wrong codes a pending TOTP set-up survives. A typo must not throw away the
+ * entry the person just scanned, but a set-up left open must not take
+ * guesses for ever either (each also spends the second-factor budget).
+ */
+export const PENDING_TOTP_MAX_FAILURES = 10
 /** 32 symbols without 0/o, 1/l/i: ten of them are 50 bits, read aloud or typed without mistakes. */
 const RECOVERY_ALPHABET = 'abcdefghjkmnpqrstuvwxyz23456789'
 
@@ -300,19 +307,38 @@ export async function startTotp (deps: MfaDeps, user: { id: string, username: st
     throw new AppError('totp_not_configured', 409, 'Authenticator apps (TOTP) need MFA_ENCRYPTION_KEY, which this deployment has not set; use a passkey, or ask the operator.')
   }
   // Loaded by the first enrolment: most processes never make a TOTP secret or a QR code.
-  const [{ generateSecret, generateURI }, { default: QRCode }] = await Promise.all([importPackage<typeof import('otplib')>('otplib'), importPackage<{ default: typeof import('qrcode') }>('qrcode')])
+  const { generateSecret } = await importPackage<typeof import('otplib')>('otplib')
   const secret = generateSecret()
   if (!await putPendingTotp(deps.db, user.id, seal(key, secret, user.id), nowIso())) {
     throw new AppError('totp_already_enrolled', 409, 'An authenticator app is enrolled already; remove it first to set up another.')
   }
-  const uri = generateURI({ issuer: ISSUER, label: user.username, secret })
+  return await totpSetupOf(user.username, secret)
+}
+
+async function totpSetupOf (username: string, secret: string): Promise<TotpSetup> {
+  const [{ generateURI }, { default: QRCode }] = await Promise.all([importPackage<typeof import('otplib')>('otplib'), importPackage<{ default: typeof import('qrcode') }>('qrcode')])
+  const uri = generateURI({ issuer: ISSUER, label: username, secret })
   return { secret, otpauth_uri: uri, qr_svg: await QRCode.toString(uri, { type: 'svg', errorCorrectionLevel: 'M', margin: 2 }) }
+}
+
+/** The set-up waiting for its first code, shown again (after a mistyped code, or to carry on later); undefined when none waits. */
+export async function pendingTotpSetup (deps: MfaDeps, user: { id: string, username: string }): Promise<TotpSetup | undefined> {
+  const totp = await findTotp(deps.db, user.id)
+  if (totp === undefined || totp.confirmed_at !== null) return undefined
+  const secret = await openTotpSecret(deps, user.id, totp.secret)
+  return secret === undefined ? undefined : await totpSetupOf(user.username, secret)
+}
+
+/** Throws away a set-up still waiting for its first code (the person gave up, or scanned it into the wrong app). */
+export async function cancelTotpSetup (deps: MfaDeps, userId: string): Promise<void> {
+  if (!await deletePendingTotp(deps.db, userId)) throw new AppError('totp_not_pending', 409, 'There is no authenticator app set-up waiting for a code.')
 }
 
 /**
  * Confirms a pending TOTP set-up with a code from the app. Wrong codes are
- * throttled on the user's second-factor budget. The user's first factor also
- * brings ten recovery codes.
+ * throttled on the user's second-factor budget and keep the set-up, up to
+ * PENDING_TOTP_MAX_FAILURES of them; then it is dropped. The user's first
+ * factor also brings ten recovery codes.
  */
 export async function confirmTotp (deps: MfaDeps, ctx: RequestContext, userId: string, code: string): Promise<{ recoveryCodes?: string[] }> {
   const totp = await findTotp(deps.db, userId)
@@ -331,8 +357,17 @@ export async function confirmTotp (deps: MfaDeps, ctx: RequestContext, userId: s
       return hadCodes ? {} : { recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at) }
     })
   if (result === undefined) {
-    await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: userId }, { reason: 'wrong_code', method: 'totp', during: 'enrolment' })
-    throw new AppError('invalid_code', 422, 'That is not the code the app shows now.', { errors: [{ in: 'body', pointer: '/code', detail: 'does not match' }] })
+    const failures = await countTotpConfirmFailure(deps.db, userId)
+    const dropped = failures !== undefined && failures >= PENDING_TOTP_MAX_FAILURES && await deletePendingTotp(deps.db, userId)
+    await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: userId }, {
+      reason: 'wrong_code', method: 'totp', during: 'enrolment', ...(dropped ? { setup_discarded: true } : {})
+    })
+    if (dropped) {
+      throw new AppError('totp_not_pending', 409, `${PENDING_TOTP_MAX_FAILURES} wrong codes: this set-up was discarded. Remove its entry from the app and start again.`)
+    }
+    throw new AppError('invalid_code', 422, 'That is not the code the app shows now; the set-up stays, try the next code.', {
+      errors: [{ in: 'body', pointer: '/code', detail: 'does not match' }]
+    })
   }
   await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
   return result
@@ -508,4 +543,131 @@ export async function passkeySignIn (deps: MfaDeps, ctx: SignInContext, credenti
     await deps.failures.release(addr.map(b => b.key))
     return signedIn
   }
+}
+
+// ---------------------------------------------------------------------------
+// Recent authentication (sudo mode): changes to factors need a fresh proof
+
+export type ReauthMethod = 'password' | MfaMethod
+
+/** What this user can re-authenticate with: the password (where password sign-in is allowed), and each second factor. */
+export async function reauthMethods (deps: MfaDeps, userId: string): Promise<ReauthMethod[]> {
+  const user = await deps.db.selectFrom('users').select(['password_hash', 'password_sign_in']).where('id', '=', userId).executeTakeFirst()
+  if (user === undefined) return []
+  const methods: ReauthMethod[] = []
+  if (user.password_hash !== null && deps.config.passwordSignIn && toBool(user.password_sign_in)) methods.push('password')
+  const factors = await factorCounts(deps.db, userId)
+  if (factors.totp) methods.push('totp')
+  if (factors.passkeys > 0) methods.push('passkey')
+  if (await countUnusedRecoveryCodes(deps.db, userId) > 0) methods.push('recovery_code')
+  return methods
+}
+
+/**
+ * Refuses a change to the user's factors unless the session proved its person
+ * within REAUTH_WINDOW_SECONDS: the sign-in itself, or a re-authentication
+ * since. A stolen or unattended session can then not swap the factors that
+ * would let its owner back in. The time is read from the sessions table, not
+ * the credential cache.
+ */
+export async function assertRecentAuthentication (deps: MfaDeps, session: { id: string, userId: string }, now = Date.now()): Promise<void> {
+  const proof = await findSessionProof(deps.db, session.id)
+  const provedAt = proof === undefined
+    ? 0
+    : Math.max(new Date(proof.signedInAt).getTime(), proof.reauthenticatedAt === null ? 0 : new Date(proof.reauthenticatedAt).getTime())
+  if (now - provedAt <= deps.config.reauthWindowMs) return
+  const methods = await reauthMethods(deps, session.userId)
+  const minutes = Math.round(deps.config.reauthWindowMs / 60_000)
+  throw new AppError('reauthentication_required', 403,
+    `This change needs a sign-in or re-authentication within the last ${minutes} minutes. ` +
+    (methods.length > 0 ? 'Re-authenticate (POST /auth/api/me/reauthenticate), then try again.' : 'Sign in again, then try again.'),
+    { extensions: { reauthenticate_with: methods } })
+}
+
+export interface ReauthProof extends MfaProof {
+  password?: string | undefined
+}
+
+/** WebAuthn options for re-authenticating with one of the user's own passkeys; the challenge is remembered for CEREMONY_MS. */
+export async function startReauthPasskey (deps: MfaDeps, userId: string, rp: RelyingParty): Promise<{ options: object, ceremony: 'get' }> {
+  if ((await factorCounts(deps.db, userId)).passkeys === 0) throw new AppError('passkey_not_found', 404, 'You have no passkey to re-authenticate with.')
+  const options = await authenticationOptions(deps.db, userId, rp)
+  const now = Date.now()
+  await insertChallenge(deps.db, {
+    id: newId(),
+    // A 'passkey' ceremony bound to its user: the passwordless sign-in takes only those without one.
+    purpose: 'passkey',
+    digest: null,
+    user_id: userId,
+    webauthn_challenge: options.challenge,
+    enrol: false,
+    created_at: new Date(now).toISOString(),
+    expires_at: new Date(now + CEREMONY_MS).toISOString()
+  })
+  return { options, ceremony: 'get' }
+}
+
+/**
+ * Proves the session's person again: the current password, a TOTP code, a
+ * recovery code (spent) or a passkey assertion. Throttled as at sign-in: a
+ * password on the account's and the address's password budgets, a code or
+ * passkey on the second-factor budget; the unit is taken before the check.
+ * Success stamps the session (`reauthenticated_at`) with a
+ * `user.reauthenticated` event; every failure is the same 401
+ * `invalid_credentials` with a `user.reauthentication_failed` event.
+ */
+export async function reauthenticate (
+  deps: MfaDeps, ctx: RequestContext, session: { id: string, userId: string }, proof: ReauthProof, rp: RelyingParty
+): Promise<{ method: ReauthMethod, reauthenticatedAt: string, validUntil: string }> {
+  const given = [proof.password, proof.totpCode, proof.recoveryCode, proof.passkey].filter(p => p !== undefined).length
+  if (given !== 1) {
+    throw new AppError('validation_failed', 422, 'Give exactly one of password, totp_code, recovery_code or passkey.', {
+      errors: [{ in: 'body', pointer: '', detail: 'needs exactly one of password, totp_code, recovery_code, passkey' }]
+    })
+  }
+  const method: ReauthMethod = proof.password !== undefined ? 'password' : proof.totpCode !== undefined ? 'totp' : proof.recoveryCode !== undefined ? 'recovery_code' : 'passkey'
+  const userId = session.userId
+  const ip = ctx.clientIp ?? 'unknown'
+  const budgets = method === 'password' ? throttleBudgets(deps, `user:${userId}`, ip) : secondFactorBudgets(deps, userId, ip)
+  await reserveAttempt(deps, budgets)
+  const now = new Date()
+  const at = now.toISOString()
+  try {
+    const user = await deps.db.selectFrom('users').select(['password_hash', 'password_sign_in']).where('id', '=', userId).executeTakeFirstOrThrow()
+    if (method === 'password') {
+      // The verification runs whatever the account, so a refusal costs what a wrong password does.
+      const valid = await deps.passwords.verify(user.password_hash ?? deps.dummyHash, proof.password!)
+      if (user.password_hash === null) throw new ProofRejected('no_password')
+      if (!deps.config.passwordSignIn || !toBool(user.password_sign_in)) throw new ProofRejected('password_sign_in_disabled')
+      if (!valid) throw new ProofRejected('wrong_password')
+    }
+    await deps.db.transaction().execute(async trx => {
+      if (method === 'totp') {
+        const totp = await findTotp(trx, userId)
+        if (totp === undefined || totp.confirmed_at === null) throw new ProofRejected('no_totp')
+        const secret = await openTotpSecret(deps, userId, totp.secret)
+        const step = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
+        if (step === undefined || !await acceptTotpStep(trx, userId, step, at, false)) throw new ProofRejected('wrong_code')
+      } else if (method === 'recovery_code') {
+        if (!await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
+        await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId), during: 'reauthentication' })
+      } else if (method === 'passkey') {
+        const challenge = await challengeOf(proof.passkey)
+        const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'passkey', challenge, userId, at)
+        if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
+        if (await checkAssertion(trx, proof.passkey, ceremony.webauthn_challenge!, rp, userId, false, at) === undefined) throw new ProofRejected('passkey_rejected')
+      }
+      await markSessionReauthenticated(trx, session.id, at)
+      await recordEvent(trx, ctx, 'user.reauthenticated', { type: 'user', id: userId }, { method, session_id: session.id })
+    })
+  } catch (error) {
+    if (!(error instanceof ProofRejected)) {
+      await deps.failures.release(budgets.map(b => b.key))
+      throw error
+    }
+    await recordEvent(deps.db, ctx, 'user.reauthentication_failed', { type: 'user', id: userId }, { reason: error.reason, method, session_id: session.id })
+    throw new AppError('invalid_credentials', 401, 'That did not prove it is you: the password, code or passkey was not accepted.')
+  }
+  await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
+  return { method, reauthenticatedAt: at, validUntil: new Date(now.getTime() + deps.config.reauthWindowMs).toISOString() }
 }

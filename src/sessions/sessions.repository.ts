@@ -1,5 +1,5 @@
 import { sql } from 'kysely'
-import type { Db } from '../db/database.ts'
+import { toIso, type Db } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 
 export interface NewSessionRow {
@@ -30,6 +30,22 @@ export async function findSessionByDigest (db: Db, digest: string) {
     ])
     .where('sessions.digest', '=', param('digest')), { digest })
   return row
+}
+
+/**
+ * When the session's person last proved themselves: the sign-in, or a later
+ * re-authentication. Read from the table on each use, never from the
+ * credential cache, so a proof counts at once and an old one never lingers.
+ */
+export async function findSessionProof (db: Db, id: string): Promise<{ signedInAt: string, reauthenticatedAt: string | null } | undefined> {
+  const row = await db.selectFrom('sessions').select(['created_at', 'reauthenticated_at'])
+    .where('id', '=', id).where('ended_at', 'is', null).executeTakeFirst()
+  if (row === undefined) return undefined
+  return { signedInAt: toIso(row.created_at), reauthenticatedAt: toIso(row.reauthenticated_at) }
+}
+
+export async function markSessionReauthenticated (db: Db, id: string, at: string): Promise<void> {
+  await db.updateTable('sessions').set({ reauthenticated_at: at }).where('id', '=', id).execute()
 }
 
 export async function touchSession (db: Db, id: string, at: string): Promise<void> {

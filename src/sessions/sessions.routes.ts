@@ -116,10 +116,12 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       tags: ['sessions'],
       operationId: 'change_my_password',
       summary: 'Change My Password',
-      description: 'Needs the current password. Ends your other sessions and revokes your API keys.',
+      description: 'Needs the current password, whatever the session\'s age: it is the recent proof this change asks for, and it counts as a ' +
+        're-authentication of this session (docs/mfa.md#recent-authentication). Wrong current passwords are throttled like sign-ins. ' +
+        'Ends your other sessions and revokes your API keys. Needs a session, not an API key.',
       security: SECURITY,
       body: ref(PasswordChange),
-      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(401, 403, 415, 422, 503) }
+      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(401, 403, 415, 422, 429, 503) }
     },
     config: { scope: 'signed_in', accepts: ['application/json'] }
   }, async (request, reply) => {

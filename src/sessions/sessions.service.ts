@@ -17,7 +17,7 @@ import { normaliseDn, type LdapConfig } from '../sso/ldap.config.ts'
 import { applyDirectoryAccess, checkWithDirectory, LDAP_PROVIDER, userForDirectoryEntry, type DirectoryUser, type ProvisionRefusal } from '../sso/ldap.service.ts'
 import { findIdentity, findIdentityOfUser } from '../sso/identities.repository.ts'
 import {
-  countFailedSignIn, deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionsOfUser, findSessionByDigest, findUsersBySignInKey, hasSignedInFrom, insertSession, lockAccount, recordSignInAddress, touchSession
+  countFailedSignIn, deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionsOfUser, findSessionByDigest, findUsersBySignInKey, hasSignedInFrom, insertSession, lockAccount, markSessionReauthenticated, recordSignInAddress, touchSession
 } from './sessions.repository.ts'
 
 /** Distinguishes a session token from an API key at a glance (and for the credential check). */
@@ -31,7 +31,7 @@ export interface SessionsDeps {
   failures: FailureCounter
   config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
   'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' |
-  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap'>
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs'>
   /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
   dummyHash: string
   /** Signs device tokens (see device-trust.ts); the same for every instance. */
@@ -88,7 +88,7 @@ interface CredentialCheck {
  * an email of the same person share one budget; an identifier that names
  * nobody is counted as typed.
  */
-function throttleBudgets (deps: SessionsDeps, account: string, ip: string): Budget[] {
+export function throttleBudgets (deps: Pick<SessionsDeps, 'config'>, account: string, ip: string): Budget[] {
   return [
     { key: `acct:${account}:${ip}`, limit: deps.config.loginMaxFailuresPerAccount },
     { key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }
@@ -366,9 +366,11 @@ export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId:
 }
 
 /**
- * A signed-in user's own password change. Needs the current password;
- * ends the user's other sessions and revokes their API keys, since whoever
- * knew the old password may hold those.
+ * A signed-in user's own password change. Needs the current password, which
+ * is also the recent proof other changes to credentials ask for (so it
+ * counts as a re-authentication of this session); ends the user's other
+ * sessions and revokes their API keys, since whoever knew the old password
+ * may hold those.
  */
 export async function changeOwnPassword (deps: SessionsDeps, principal: Principal, ctx: RequestContext, currentPassword: string, newPassword: string): Promise<void> {
   if (principal.type !== 'session' || principal.userId === null) {
@@ -397,6 +399,7 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
     await recordEvent(trx, ctx, 'user.password_changed', { type: 'user', id: user.id }, { by: 'self', password: '[redacted]' })
     await endSessionsRecorded(trx, ctx, user.id, 'password_changed', principal.id)
     await revokeKeysRecorded(trx, ctx, user.id, 'password_changed')
+    await markSessionReauthenticated(trx, principal.id, at)
   })
 }
 
