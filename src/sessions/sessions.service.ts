@@ -83,6 +83,17 @@ interface CredentialCheck {
 }
 
 /**
+ * The identifier as names are compared: a directory ignores case, surrounding
+ * spaces and runs of inner spaces (LDAP's caseIgnoreMatch), so " Bob " signs
+ * in as bob there. Looking the user up and keying the failure budget by this
+ * form gives every spelling of one name the same budget. No local username or
+ * email has spaces, so locally it only forgives stray ones.
+ */
+export function signInKey (identifier: string): string {
+  return identifier.trim().replace(/\s+/g, ' ').toLowerCase()
+}
+
+/**
  * Throttling budgets: one account from one address, and one address across
  * accounts. The account is the user the identifier names, so a username and
  * an email of the same person share one budget; an identifier that names
@@ -142,7 +153,7 @@ async function isKnownClient (deps: SessionsDeps, ctx: SignInContext, userId: st
  */
 export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier: string, password: string): Promise<SignInResult> {
   const ip = ctx.clientIp ?? 'unknown'
-  const key = identifier.toLowerCase()
+  const key = signInKey(identifier)
   const ldap = deps.config.ldap
   // Nothing a password could open here: the same answer for every name, before any lookup.
   if (!deps.config.passwordSignIn && ldap === undefined) throw passwordSignInDisabled(true)
