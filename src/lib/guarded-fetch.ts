@@ -12,6 +12,20 @@ export interface GuardedFetchOptions {
   redirect?: 'manual'
 }
 
+/**
+ * Connection pools per guard setting: a socket is only reused for the setting
+ * it was checked under (the pool's key is the host and port, not the lookup).
+ */
+const AGENTS = new Map<boolean, { 'http:': http.Agent, 'https:': https.Agent }>()
+function agentsFor (allowPrivate: boolean): { 'http:': http.Agent, 'https:': https.Agent } {
+  let agents = AGENTS.get(allowPrivate)
+  if (agents === undefined) {
+    agents = { 'http:': new http.Agent({ keepAlive: true }), 'https:': new https.Agent({ keepAlive: true }) }
+    AGENTS.set(allowPrivate, agents)
+  }
+  return agents
+}
+
 /** An answer larger than this is not metadata, keys or tokens; reading stops there. */
 const MAX_BODY_BYTES = 1_048_576
 
@@ -32,6 +46,7 @@ async function bodyBytes (body: GuardedFetchOptions['body']): Promise<Buffer | u
  */
 export function guardedFetch (allowPrivate: boolean): (url: string, options?: GuardedFetchOptions) => Promise<Response> {
   const lookup = guardedLookup(allowPrivate)
+  const agents = agentsFor(allowPrivate)
   return async (target, options = {}) => {
     const url = new URL(target)
     if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new TypeError(`${url.protocol} is not an http(s) URL`)
@@ -46,6 +61,7 @@ export function guardedFetch (allowPrivate: boolean): (url: string, options?: Gu
         method: options.method ?? 'GET',
         headers: { ...options.headers, ...(body !== undefined ? { 'content-length': String(body.length) } : {}) },
         lookup,
+        agent: agents[url.protocol as 'http:' | 'https:'],
         ...(options.signal !== undefined ? { signal: options.signal } : {})
       }, (response) => {
         const chunks: Buffer[] = []
