@@ -25,7 +25,7 @@ import { migrateToLatest } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
-import { isCredentialParam } from './lib/query-string.ts'
+import { isCredentialParam, queryParamName } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
@@ -114,15 +114,26 @@ const buildSerializers: typeof serializerSelector = (externalSchemas, options) =
 const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
 
 /**
+ * Query parameters that carry a one-time secret: an OIDC provider's answer at
+ * the callback (the authorisation code and the state, which together finish a
+ * sign-in), and the tokens an OAuth answer may carry. No other gatehouse
+ * operation takes a parameter of these names, so they are redacted wherever
+ * they appear.
+ */
+const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token'])
+
+/**
  * Request log lines carry the path, never a credential given in the query
  * string: `API_KEY` is matched by its decoded name, as the parser that takes
- * it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same parameter).
+ * it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same parameter), and so
+ * are the one-time secrets above.
  */
 export function redactUrl (url: string): string {
   const start = url.indexOf('?')
   if (start === -1) return url
+  const secret = (pair: string): boolean => isCredentialParam(pair) || ONE_TIME_SECRET_PARAMS.has(queryParamName(pair).toLowerCase())
   return url.slice(0, start + 1) + url.slice(start + 1).split('&')
-    .map(pair => isCredentialParam(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
+    .map(pair => secret(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
     .join('&')
 }
 

@@ -401,6 +401,66 @@ if (!slapdAvailable) {
         }
       })
 
+      it('gives every spelling of a name the directory treats as one (case, surrounding and repeated spaces) one failure budget, for known and unknown names', async () => {
+        const { uid } = await directoryUser()
+        const [home, stranger, other] = addresses(3)
+        const t = await createTestApp(dialect, { ldap: settings(), loginMaxFailuresPerAccount: 3 })
+        try {
+          assert.equal((await login(t, uid, DIRECTORY_PASSWORD, home)).statusCode, 200)
+          // The directory ignores the spaces: this spelling signs in as the same user.
+          const spaced = await login(t, `  ${uid.toUpperCase()} `, DIRECTORY_PASSWORD, home)
+          assert.equal(spaced.statusCode, 200, spaced.body)
+          assert.equal(spaced.json().user.username, uid)
+
+          // LOGIN_MAX_FAILURES_PER_ACCOUNT=3 from one address, whichever way the name is written.
+          for (const spelling of [` ${uid}`, `${uid} `, `  ${uid}`]) assert.equal((await login(t, spelling, 'a guess', stranger)).statusCode, 401, JSON.stringify(spelling))
+          for (const spelling of [uid, ` ${uid} `, `${uid.toUpperCase()}  `]) assert.equal((await login(t, spelling, 'a guess', stranger)).statusCode, 429, JSON.stringify(spelling))
+
+          const nobody = uniqueName('nobody')
+          for (const spelling of [nobody, ` ${nobody}`, `${nobody} `]) assert.equal((await login(t, spelling, 'a guess', other)).statusCode, 401, JSON.stringify(spelling))
+          for (const spelling of [`  ${nobody}`, ` ${nobody.toUpperCase()} `]) assert.equal((await login(t, spelling, 'a guess', other)).statusCode, 429, JSON.stringify(spelling))
+        } finally {
+          await t.app.close()
+        }
+      })
+
+      it('under MFA_REQUIRED=admins, a promotion by the group map at a sign-in that stops at the second step gives the user\'s password-only sessions no admin rights; the session after the second step is admin', async () => {
+        const { uid, dn } = await directoryUser()
+        await directory.setMembers(adminsDn, [])
+        const mfa = await createTestApp(dialect, { ldap: settings(), mfaRequired: 'admins', mfaEncryptionKey: randomBytes(32) })
+        try {
+          const first = await login(mfa, uid, DIRECTORY_PASSWORD)
+          assert.equal(first.statusCode, 200, first.body)
+          const passwordOnly = first.json().token as string
+
+          await directory.setMembers(adminsDn, [dn])
+          const promoting = await login(mfa, uid, DIRECTORY_PASSWORD)
+          assert.equal(promoting.statusCode, 202, promoting.body)
+          const stored = await mfa.app.db.selectFrom('users').select('role').where('username_key', '=', uid.toLowerCase()).executeTakeFirstOrThrow()
+          assert.equal(stored.role, 'admin', 'the group map made them an admin')
+
+          const attempts = async (token: string): Promise<unknown[]> => {
+            const headers = { authorization: `Bearer ${token}` }
+            const key = await mfa.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers, payload: { name: uniqueName('k') } })
+            const admin = await mfa.app.inject({ method: 'POST', url: '/auth/api/users', headers, payload: { username: uniqueName('a'), password: GOOD_PASSWORD, role: 'admin' } })
+            const verify = await mfa.app.inject({ url: '/auth/api/verify', headers })
+            return [key.statusCode, admin.statusCode, verify.headers['x-auth-role'], verify.headers['x-auth-mfa']]
+          }
+          assert.deepEqual(await attempts(passwordOnly), [403, 403, 'user', 'false'])
+
+          const challenge = promoting.json().challenge_token as string
+          const setup = await mfa.app.inject({ method: 'POST', url: '/auth/api/login/mfa/totp', payload: { challenge_token: challenge } })
+          assert.equal(setup.statusCode, 200, setup.body)
+          const done = await mfa.app.inject({ method: 'POST', url: '/auth/api/login/mfa', payload: { challenge_token: challenge, totp_code: await generate({ secret: setup.json().secret }) } })
+          assert.equal(done.statusCode, 200, done.body)
+          assert.deepEqual(await attempts(done.json().token), [201, 201, 'admin', 'true'])
+          assert.deepEqual(await attempts(passwordOnly), [403, 403, 'user', 'false'], 'the password-only session stays as it was')
+        } finally {
+          await mfa.app.close()
+          await directory.setMembers(adminsDn, [])
+        }
+      })
+
       it('asks a directory user the group map makes an admin for a second factor (MFA_REQUIRED=admins) and finishes with it', async () => {
         const { uid, dn } = await directoryUser()
         await directory.setMembers(adminsDn, [dn])

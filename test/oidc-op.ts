@@ -18,6 +18,8 @@ export interface TestOp {
   clientId: string
   clientSecret: string
   accounts: Map<string, AccountClaims>
+  /** How many HTTP requests reached the provider so far. */
+  requests: number
   close: () => Promise<void>
 }
 
@@ -71,17 +73,20 @@ export async function startTestOp (redirectUris: string[]): Promise<TestOp> {
       return grant
     }
   })
-  server.on('request', provider.callback())
-  return {
+  const op: TestOp = {
     issuer,
     clientId,
     clientSecret,
     accounts,
+    requests: 0,
     close: async () => {
       server.closeAllConnections()
       await new Promise<void>(resolve => server.close(() => resolve()))
     }
   }
+  server.on('request', () => { op.requests++ })
+  server.on('request', provider.callback())
+  return op
 }
 
 /** Cookies as one user agent keeps them, for the provider's own (any path, one host). */

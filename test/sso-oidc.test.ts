@@ -95,7 +95,8 @@ for (const dialect of dialects()) {
         group_map: { 'data-eng': ['pipelines', 'analysts'], ops: ['ops'] },
         admin_groups: ['gh-admins']
       }, 'environment')
-      Object.assign(t, await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32), oidcRedirectOrigin: ORIGIN, oidcProviders: [corp] }))
+      // The provider runs on loopback, an internal address: API-made providers there need the SSRF guard's opt-out.
+      Object.assign(t, await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32), oidcRedirectOrigin: ORIGIN, oidcProviders: [corp], webhookAllowPrivate: true }))
       // open: made through the API; creates users just in time.
       const created = await t.app.inject({
         method: 'POST',

@@ -136,7 +136,8 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       summary: 'Verify (for a reverse proxy)',
       description: 'For nginx `auth_request` or Traefik ForwardAuth: 200 with X-Auth-User-Id, X-Auth-Username, X-Auth-Role and X-Auth-Groups ' +
         'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here. ' +
-        '`X-Auth-MFA: true` when the session\'s sign-in included a second factor or a passkey (always `false` for API keys), so the web UI can require it.',
+        '`X-Auth-MFA: true` when the session\'s sign-in included a second factor or a passkey (always `false` for API keys), so the web UI can require it. ' +
+        'Under MFA_REQUIRED, `X-Auth-Role` is `user` for a session without a second factor, whatever the account\'s role (docs/mfa.md).',
       security: SECURITY,
       response: { 200: { type: 'null', description: 'The credential is valid; identity in the X-Auth-* headers.' }, ...problems(401, 503) }
     },

@@ -83,6 +83,17 @@ interface CredentialCheck {
 }
 
 /**
+ * The identifier as names are compared: a directory ignores case, surrounding
+ * spaces and runs of inner spaces (LDAP's caseIgnoreMatch), so " Bob " signs
+ * in as bob there. Looking the user up and keying the failure budget by this
+ * form gives every spelling of one name the same budget. No local username or
+ * email has spaces, so locally it only forgives stray ones.
+ */
+export function signInKey (identifier: string): string {
+  return identifier.trim().replace(/\s+/g, ' ').toLowerCase()
+}
+
+/**
  * Throttling budgets: one account from one address, and one address across
  * accounts. The account is the user the identifier names, so a username and
  * an email of the same person share one budget; an identifier that names
@@ -142,7 +153,7 @@ async function isKnownClient (deps: SessionsDeps, ctx: SignInContext, userId: st
  */
 export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier: string, password: string): Promise<SignInResult> {
   const ip = ctx.clientIp ?? 'unknown'
-  const key = identifier.toLowerCase()
+  const key = signInKey(identifier)
   const ldap = deps.config.ldap
   // Nothing a password could open here: the same answer for every name, before any lookup.
   if (!deps.config.passwordSignIn && ldap === undefined) throw passwordSignInDisabled(true)
@@ -324,6 +335,13 @@ export async function openSession (
 /**
  * The principal a session token stands for, or undefined when it is unknown,
  * ended, past its idle or absolute time-out, or its user is disabled.
+ *
+ * Under MFA_REQUIRED (admins or all), a session whose sign-in did not include
+ * a second factor never acts as an admin, whenever and however its user
+ * became one (OIDC admin_groups or LDAP_GROUP_MAP at a sign-in that stopped
+ * at the second step, the API, the console, or a session from before the
+ * policy): it acts, and /verify reports it, with the `user` role until its
+ * owner signs in again with the factor (docs/mfa.md).
  */
 export async function authenticateSession (deps: Pick<SessionsDeps, 'db' | 'config'>, token: string): Promise<Principal | undefined> {
   const row = await findSessionByDigest(deps.db, digestOf(token))
@@ -333,13 +351,15 @@ export async function authenticateSession (deps: Pick<SessionsDeps, 'db' | 'conf
   if (new Date(row.expires_at).getTime() <= now || lastSeen + deps.config.sessionIdleTimeoutMs <= now) return undefined
   const touched = now - lastSeen > TOUCH_INTERVAL_MS
   if (touched) await touchSession(deps.db, row.id, new Date(now).toISOString())
+  const mfa = toBool(row.mfa)
+  const role = row.role === 'admin' && (mfa || deps.config.mfaRequired === 'off') ? 'admin' : 'user'
   return {
     type: 'session',
     id: row.id,
     userId: row.user_id,
-    user: { id: row.user_id, username: row.username, role: row.role, groups: toStringArray(row.groups) },
-    scopes: new Set(row.role === 'admin' ? ['admin'] : []),
-    mfa: toBool(row.mfa),
+    user: { id: row.user_id, username: row.username, role, groups: toStringArray(row.groups) },
+    scopes: new Set(role === 'admin' ? ['admin'] : []),
+    mfa,
     validUntil: Math.min(new Date(row.expires_at).getTime(), (touched ? now : lastSeen) + deps.config.sessionIdleTimeoutMs)
   }
 }

@@ -16,7 +16,7 @@ const Issuer = Type.String({
   maxLength: 2048,
   format: 'uri',
   pattern: '^https?://',
-  description: 'The issuer URL; its `/.well-known/openid-configuration` is read (discovery). Must be https, except on a loopback address.',
+  description: 'The issuer URL; its `/.well-known/openid-configuration` is read (discovery). Must be https, except on a loopback address. Through the API it must lead to a public address (not loopback, private, link-local such as 169.254.169.254, or otherwise internal) unless WEBHOOK_ALLOW_PRIVATE is set; every request to the provider is checked again as it connects.',
   examples: ['https://login.example.com/realms/staff']
 })
 const ClientId = Type.String({ minLength: 1, maxLength: 255, pattern: ONE_LINE, examples: ['gatehouse'] })

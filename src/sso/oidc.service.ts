@@ -18,6 +18,8 @@ import { deleteLoginsBefore, findProviderRow, insertLogin, listProviderRows, tak
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
 import { importPackage } from '../lib/import-package.ts'
+import { guardedFetch } from '../lib/guarded-fetch.ts'
+import { RefusedAddressError } from '../lib/ssrf-guard.ts'
 
 /** From the redirect to the provider to the callback: long enough to type a password and a code there. */
 export const LOGIN_STATE_MS = 10 * 60_000
@@ -26,7 +28,7 @@ const DISCOVERY_TTL_MS = 3_600_000
 /** Seconds openid-client waits for the provider's answers. */
 const PROVIDER_TIMEOUT_S = 10
 
-export type SsoDeps = SessionsDeps & { config: SessionsDeps['config'] & Pick<Config, 'oidcProviders' | 'basePath'> }
+export type SsoDeps = SessionsDeps & { config: SessionsDeps['config'] & Pick<Config, 'oidcProviders' | 'basePath' | 'webhookAllowPrivate'> }
 
 /** The context the secret of an API-made provider is sealed in, so a sealed secret copied onto another provider does not open. */
 export function secretContext (providerId: string): string {
@@ -92,9 +94,24 @@ async function openidClient (): Promise<typeof oidc> {
   return await (openidClientModule ??= importPackage<typeof import('openid-client')>('openid-client'))
 }
 
-/** The provider's metadata (discovery), read once an hour and whenever its settings change. */
-async function clientConfiguration (provider: OidcProviderSettings): Promise<oidc.Configuration> {
-  const fingerprint = digestOf(JSON.stringify([provider.issuer, provider.clientId, provider.clientSecret ?? '']))
+/**
+ * Whether requests to this provider may reach internal addresses: a provider
+ * from OIDC_PROVIDERS is the operator's own word; one made through the API
+ * only with WEBHOOK_ALLOW_PRIVATE (docs/sso.md).
+ */
+function mayReachPrivate (config: Pick<Config, 'webhookAllowPrivate'>, provider: OidcProviderSettings): boolean {
+  return provider.source === 'environment' || config.webhookAllowPrivate
+}
+
+/**
+ * The provider's metadata (discovery), read once an hour and whenever its
+ * settings change. Every request to the provider (discovery, keys, token,
+ * userinfo) goes through the SSRF guard as it connects, so neither the
+ * issuer nor an endpoint its metadata names can lead to an internal address.
+ */
+async function clientConfiguration (config: Pick<Config, 'webhookAllowPrivate'>, provider: OidcProviderSettings): Promise<oidc.Configuration> {
+  const allowPrivate = mayReachPrivate(config, provider)
+  const fingerprint = digestOf(JSON.stringify([provider.issuer, provider.clientId, provider.clientSecret ?? '', allowPrivate]))
   const cached = discovered.get(provider.id)
   if (cached !== undefined && cached.fingerprint === fingerprint && Date.now() - cached.at < DISCOVERY_TTL_MS) return await cached.configuration
   const issuer = new URL(provider.issuer)
@@ -102,8 +119,9 @@ async function clientConfiguration (provider: OidcProviderSettings): Promise<oid
   const insecure = issuer.protocol === 'http:' && isLoopback(issuer.hostname)
   const configuration = (async () => {
     const client = await openidClient()
+    const fetch = guardedFetch(allowPrivate)
     const found = await client.discovery(issuer, provider.clientId, undefined, undefined, {
-      timeout: PROVIDER_TIMEOUT_S, ...(insecure ? { execute: [client.allowInsecureRequests] } : {})
+      timeout: PROVIDER_TIMEOUT_S, [client.customFetch]: fetch, ...(insecure ? { execute: [client.allowInsecureRequests] } : {})
     })
     const metadata = found.serverMetadata()
     const methods = metadata.token_endpoint_auth_methods_supported ?? ['client_secret_basic']
@@ -112,6 +130,7 @@ async function clientConfiguration (provider: OidcProviderSettings): Promise<oid
       : methods.includes('client_secret_basic') ? client.ClientSecretBasic(provider.clientSecret) : client.ClientSecretPost(provider.clientSecret)
     const ready = new client.Configuration(metadata, provider.clientId, {}, auth)
     ready.timeout = PROVIDER_TIMEOUT_S
+    ready[client.customFetch] = fetch
     if (insecure) client.allowInsecureRequests(ready)
     return ready
   })()
@@ -120,10 +139,19 @@ async function clientConfiguration (provider: OidcProviderSettings): Promise<oid
     return await configuration
   } catch (error) {
     discovered.delete(provider.id)
-    throw new AppError('dependency_unavailable', 503, `The identity provider "${provider.displayName}" could not be reached (discovery at ${provider.issuer} failed).`, {
+    const why = refusedAddress(error) !== undefined ? 'it leads to an internal address' : 'discovery failed'
+    throw new AppError('dependency_unavailable', 503, `The identity provider "${provider.displayName}" could not be reached (${provider.issuer}: ${why}).`, {
       cause: error, headers: { 'Retry-After': '5' }
     })
   }
+}
+
+/** The SSRF guard's refusal somewhere in an error's causes (openid-client wraps what fetch threw). */
+function refusedAddress (error: unknown): RefusedAddressError | undefined {
+  for (let e = error, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
+    if (e instanceof RefusedAddressError) return e
+  }
+  return undefined
 }
 
 export function forgetProvider (id: string): void {
@@ -143,7 +171,7 @@ function providerNotFound (id: string): AppError {
 export async function startLogin (deps: SsoDeps, providerId: string, next: string | undefined, redirectUri: string): Promise<{ url: string, state: string }> {
   const provider = await findEnabledProvider(deps, providerId)
   if (provider === undefined) throw providerNotFound(providerId)
-  const configuration = await clientConfiguration(provider)
+  const configuration = await clientConfiguration(deps.config, provider)
   const client = await openidClient()
   const codeVerifier = client.randomPKCECodeVerifier()
   const state = client.randomState()
@@ -296,7 +324,7 @@ export async function finishLogin (
     return await refuse('provider_error', 401, `${provider.displayName} did not sign you in (${providerError.slice(0, 64)}).`, next, undefined, { error: providerError.slice(0, 64) })
   }
 
-  const configuration = await clientConfiguration(provider)
+  const configuration = await clientConfiguration(deps.config, provider)
   const client = await openidClient()
   let claims: Claims
   try {

@@ -4,13 +4,14 @@ import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.service.ts'
 import { nowIso } from '../lib/ids.ts'
+import { checkDestination } from '../lib/ssrf-guard.ts'
 import { seal } from '../mfa/secret-box.ts'
 import { countProviderRows, deleteProviderRow, findProviderRow, insertProviderRow, listProviderRows, updateProviderRow, type ProviderRowUpdate } from './oidc.repository.ts'
 import { MAX_PROVIDERS, type OidcProvider, type OidcProviderCreate, type OidcProviderPatch } from './oidc.schemas.ts'
 import { forgetProvider, rowToSettings, secretContext } from './oidc.service.ts'
 import { DEFAULT_SCOPES, settingsProblems, type OidcProviderSettings } from './oidc.settings.ts'
 
-type ProvidersConfig = Pick<Config, 'oidcProviders' | 'mfaEncryptionKey' | 'basePath'>
+type ProvidersConfig = Pick<Config, 'oidcProviders' | 'mfaEncryptionKey' | 'basePath' | 'webhookAllowPrivate'>
 
 function toProvider (p: OidcProviderSettings, basePath: string, secretSet: boolean): OidcProvider {
   return {
@@ -46,6 +47,25 @@ function assertValid (input: { issuer: string, scopes?: string[] | undefined }):
   const found = settingsProblems(input)
   if (found.length > 0) {
     throw new AppError('validation_failed', 422, 'The provider settings are not usable.', { errors: found.map(f => ({ in: 'body', ...f })) })
+  }
+}
+
+/**
+ * The SSRF guard for an issuer typed through the API: its host must resolve,
+ * and only to public addresses unless WEBHOOK_ALLOW_PRIVATE is set. Requests
+ * to the provider check again as they connect (guarded-fetch.ts).
+ */
+async function assertReachableIssuer (config: ProvidersConfig, issuer: string): Promise<void> {
+  // The same answer as the issuer's other problems (settingsProblems): the value is not usable here.
+  const refuse = (detail: string): AppError => new AppError('validation_failed', 422, `The issuer ${detail}.`, {
+    errors: [{ in: 'body', pointer: '/issuer', detail }]
+  })
+  try {
+    await checkDestination(new URL(issuer), config.webhookAllowPrivate)
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code
+    if (code === 'EADDRREFUSED') throw refuse(`leads to an internal address (${(error as Error).message}); set WEBHOOK_ALLOW_PRIVATE to allow it`)
+    throw refuse(`host name does not resolve (${code ?? 'lookup failed'})`)
   }
 }
 
@@ -91,6 +111,7 @@ export async function createProvider (db: Db, ctx: RequestContext, config: Provi
   if (config.oidcProviders.some(p => p.id === input.id)) {
     throw new AppError('sso_provider_exists', 409, `A provider with the id "${input.id}" is configured in OIDC_PROVIDERS.`)
   }
+  await assertReachableIssuer(config, input.issuer)
   const secret = input.client_secret != null ? sealSecret(config, input.id, input.client_secret) : null
   const at = nowIso()
   return await db.transaction().execute(async trx => {
@@ -119,6 +140,11 @@ export async function createProvider (db: Db, ctx: RequestContext, config: Provi
 
 export async function updateProvider (db: Db, ctx: RequestContext, config: ProvidersConfig, id: string, patch: OidcProviderPatch): Promise<OidcProvider> {
   assertNotConfigured(config, id)
+  // Before the transaction: a name lookup can take seconds, and the row stays locked meanwhile.
+  if (patch.issuer !== undefined) {
+    assertValid({ issuer: patch.issuer, scopes: patch.scopes })
+    await assertReachableIssuer(config, patch.issuer)
+  }
   const updated = await db.transaction().execute(async trx => {
     const current = await findProviderRow(trx, id, { forUpdate: true })
     if (current === undefined) throw notFound(id)

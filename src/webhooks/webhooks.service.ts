@@ -38,7 +38,8 @@ import type {
   WebhookTestResult,
   WebhookWithSecret
 } from './webhooks.schemas.ts'
-import { checkDestination, signatureHeader, type Sender } from './webhooks.sender.ts'
+import { signatureHeader, type Sender } from './webhooks.sender.ts'
+import { checkDestination } from '../lib/ssrf-guard.ts'
 
 export type WebhookSettings = Pick<Config, 'webhookAllowPrivate' | 'webhookRetryHorizonMs' | 'webhookSecretOverlapMs'>
 
