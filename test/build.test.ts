@@ -3,24 +3,16 @@ import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
 import { freePort } from './ports.ts'
+import { TEST_REDIS_URL } from './redis.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
-
-function redisReachable (): Promise<boolean> {
-  return new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
-}
 
 /** The fields of the line that says the service is serving, from a start's output. */
 function servingLine (output: string): Record<string, unknown> | undefined {
@@ -87,7 +79,7 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
     // With PostgreSQL, Redis too when there is one (CI has): ioredis and the rate limiter's Redis store are loaded from outside the bundle.
     it(`starts from dist/ on ${dialect.name} and serves the API, the docs, the pages' assets and the lazily loaded second factors`, { timeout: 60_000 }, async () => {
       const port = await freePort()
-      const redis = dialect.url !== undefined && await redisReachable()
+      const redis = dialect.url !== undefined && TEST_REDIS_URL !== undefined
       const schema = `gh_build_${randomBytes(6).toString('hex')}`
       const env: NodeJS.ProcessEnv = {
         PATH: process.env.PATH,
@@ -96,7 +88,7 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         PORT: String(port),
         DATABASE_URL: dialect.url ?? `sqlite:${join(tmp, 'built.db')}`,
         ...(dialect.url !== undefined ? { DATABASE_SCHEMA: schema } : {}),
-        ...(redis ? { REDIS_URL: 'redis://127.0.0.1:6379' } : {}),
+        ...(redis ? { REDIS_URL: TEST_REDIS_URL } : {}),
         GATEHOUSE_ADMIN_USERNAME: 'builtadmin',
         GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD,
         MFA_ENCRYPTION_KEY: randomBytes(32).toString('base64')

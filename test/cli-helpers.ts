@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process'
+import { existsSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import type { FastifyTypeBox } from '../src/app.ts'
 
@@ -35,4 +36,28 @@ export async function listen (app: FastifyTypeBox): Promise<string> {
   const address = app.server.address()
   if (address === null || typeof address === 'string') throw new Error('no port')
   return `http://127.0.0.1:${address.port}${app.config.basePath}`
+}
+
+/** script(1) from util-linux, which runs a command on a pseudo-terminal; undefined where it is missing. */
+export const SCRIPT = ['/usr/bin/script', '/bin/script'].find(existsSync)
+
+/**
+ * Runs the CLI on a pseudo-terminal `columns` wide, as someone at a terminal
+ * would (stdout and stderr are both the terminal, so `output` holds both;
+ * line ends are the terminal's \r\n). COLUMNS is unset, so the width is the
+ * terminal's own.
+ */
+export async function runCliOnTerminal (args: string[], { env = {}, columns }: { env?: Record<string, string>, columns: number }): Promise<{ code: number | null, output: string }> {
+  const base: NodeJS.ProcessEnv = { ...process.env }
+  for (const name of [...CLEARED, 'COLUMNS', 'LINES']) delete base[name]
+  const command = [process.execPath, BIN, ...args].map(a => `'${a.replaceAll("'", "'\\''")}'`).join(' ')
+  const child = spawn(SCRIPT!, ['-qec', `stty cols ${columns} rows 40 && exec ${command}`, '/dev/null'], { env: { ...base, ...env }, stdio: ['pipe', 'pipe', 'pipe'] })
+  let output = ''
+  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
+  const code = await new Promise<number | null>((resolve, reject) => {
+    child.on('error', reject)
+    child.on('close', resolve)
+  })
+  return { code, output }
 }

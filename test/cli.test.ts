@@ -13,7 +13,7 @@ import { after, before, describe, it } from 'node:test'
 import { buildApp } from '../src/app.ts'
 import { defaultConfig } from '../src/config.ts'
 import { auth, createTestApp, dialects, dropSchema, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
-import { BIN, listen, runCli } from './cli-helpers.ts'
+import { BIN, listen, runCli, runCliOnTerminal, SCRIPT } from './cli-helpers.ts'
 import { openHiddenPrompt } from '../src/cli/prompt.ts'
 import { freePort } from './ports.ts'
 
@@ -46,6 +46,15 @@ describe('gatehouse: usage and exit codes', () => {
       assert.equal(r.code, 2, `${args.join(' ')}: ${r.stderr}`)
       assert.match(r.stderr, message, args.join(' '))
       assert.equal(r.stdout, '')
+    }
+  })
+
+  it('prints the release with --version and -V, exit code 0', async () => {
+    const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
+    for (const flag of ['--version', '-V']) {
+      const r = await runCli([flag])
+      assert.equal(r.code, 0, r.stderr)
+      assert.equal(r.stdout, `${version}\n`)
     }
   })
 
@@ -330,6 +339,89 @@ for (const dialect of dialects()) {
       const noStdin = await cli(['users', 'create', uniqueName(), '--password-stdin'], '')
       assert.equal(noStdin.code, 2)
       assert.match(noStdin.stderr, /empty password/)
+    })
+
+    it('says to include the base path when GATEHOUSE_URL misses it', async () => {
+      const origin = new URL(env.GATEHOUSE_URL!).origin
+      const bare = await cli(['users', 'list'], undefined, { GATEHOUSE_URL: origin })
+      assert.equal(bare.code, 1)
+      assert.equal(bare.stderr, `gatehouse: No operation at GET /api/users. GATEHOUSE_URL is ${origin} — did you mean ${origin}/auth? ` +
+        'It must include the service\'s base path (BASE_PATH, /auth by default).\n')
+      // The same through a trailing slash, and from the import operation, which posts on its own.
+      const slash = await cli(['users', 'get', 'ada'], undefined, { GATEHOUSE_URL: `${origin}/` })
+      assert.match(slash.stderr, new RegExp(`did you mean ${origin}/auth\\?`))
+      const other = await cli(['keys', 'list'], undefined, { GATEHOUSE_URL: `${origin}/gate` })
+      assert.equal(other.code, 1)
+      assert.match(other.stderr, /^gatehouse: No operation at GET \/gate\/api\/api-keys\. GATEHOUSE_URL is .*\/gate: it must include the service's base path \(BASE_PATH, \/auth by default\); is \/gate that path\?\n$/)
+      // A 404 of an operation that exists is not about the URL.
+      const missing = await cli(['keys', 'revoke', '01a20dac-c4bf-721a-9106-12968674de67'])
+      assert.equal(missing.code, 1)
+      assert.doesNotMatch(missing.stderr, /GATEHOUSE_URL/)
+    })
+
+    it('tables have a rule under the header only; piped they keep every value whole, with COLUMNS they fit it', async () => {
+      const prefix = uniqueName('wide')
+      const names = [`${prefix}-a-rather-long-username-for-a-table`, `${prefix}-b`]
+      for (const name of names) {
+        const r = await cli(['users', 'create', name, '--email', `${name}@a-long-domain-name.example.com`, '--first-name', 'Augusta Ada', '--last-name', 'King-Noel, Countess of Lovelace'])
+        assert.equal(r.code, 0, r.stderr)
+      }
+      const ids = await Promise.all(names.map(async name => (await userNamed(name)).id as string))
+      const linesOf = (stdout: string): string[] => stdout.trimEnd().split('\n')
+
+      const piped = await cli(['users', 'list', '--q', prefix, '--sort', 'username'])
+      assert.equal(piped.code, 0, piped.stderr)
+      const plain = linesOf(piped.stdout)
+      // Top, header, the rule under it, one line per user, bottom.
+      assert.equal(plain.length, 3 + names.length + 1, piped.stdout)
+      assert.match(plain[2]!, /^├─+┼/)
+      for (const [i, name] of names.entries()) assert.match(plain[3 + i]!, new RegExp(`^│ ${ids[i]} │ ${name} +│ ${name}@a-long-domain-name\\.example\\.com `))
+      assert.ok([...plain[0]!].length > 100, 'piped output is as wide as its values')
+
+      const narrow = await cli(['users', 'list', '--q', prefix, '--sort', 'username'], undefined, { COLUMNS: '80' })
+      assert.equal(narrow.code, 0, narrow.stderr)
+      const fitted = linesOf(narrow.stdout)
+      assert.equal(fitted.length, plain.length, narrow.stdout)
+      for (const line of fitted) assert.ok([...line].length <= 80, `wider than 80 columns: ${line}`)
+      assert.equal([...fitted[0]!].length, 80, 'the table uses the width it has')
+      assert.match(fitted[3]!, /… │/, 'cut values end in an ellipsis')
+      assert.match(fitted[3]!, /│ user │/, 'a narrow column keeps its width')
+
+      const json = await cli(['users', 'list', '--q', prefix, '--sort', 'username', '--json'], undefined, { COLUMNS: '80' })
+      assert.deepEqual(JSON.parse(json.stdout).map((u: { username: string }) => u.username), names)
+    })
+
+    it('tables fit the width of the terminal they are printed on', { skip: SCRIPT === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
+      const prefix = uniqueName('tty')
+      const name = `${prefix}-with-a-username-long-enough-to-need-cutting`
+      assert.equal((await cli(['users', 'create', name, '--email', `${name}@example.com`])).code, 0)
+      const r = await runCliOnTerminal(['users', 'list', '--q', prefix], { env, columns: 72 })
+      assert.equal(r.code, 0, r.output)
+      const lines = r.output.trimEnd().split('\r\n')
+      assert.equal(lines.length, 5, r.output)
+      for (const line of lines) assert.ok([...line].length <= 72, `wider than the terminal: ${line}`)
+      assert.match(lines[3]!, /…/)
+    })
+
+    it('users import on a terminal shows its progress from the start: rows done of all, and the rate', { skip: SCRIPT === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
+      const names = [uniqueName('prog'), uniqueName('prog'), uniqueName('prog')]
+      const file = join(tmp, `${names[0]!}.jsonl`)
+      writeFileSync(file, names.map(username => JSON.stringify({ username })).join('\n') + '\n')
+      const r = await runCliOnTerminal(['users', 'import', file, '--batch-size', '1'], { env, columns: 100 })
+      assert.equal(r.code, 0, r.output)
+      // Each frame starts with \r and ends clearing the rest of the line (ESC [K); lines end in \r\n.
+      const frames = r.output.replaceAll('\u001b[K', '').split(/\r\n|\r/).map(f => f.trim()).filter(f => f !== '')
+      const importing = frames.filter(f => f.startsWith('importing '))
+      assert.ok(frames.some(f => f.startsWith(`reading ${file}: `)), r.output)
+      assert.ok(frames.some(f => /^checking 3 rows against the existing users: \d+ read$/.test(f)), r.output)
+      assert.match(importing[0] ?? '', /^importing \[\.{20}\] 0\/3 rows, \d+ rows\/s, \d+ s$/, 'drawn before the first batch is answered')
+      assert.match(importing.at(-1) ?? '', /^importing \[#{20}\] 3\/3 rows, \d+ rows\/s, \d+ s/)
+      assert.match(r.output, /\r\nCreated 3 of 3 users\r\n/, 'the report starts on a line of its own')
+      for (const name of names) assert.ok(await userNamed(name), name)
+
+      // Piped, stderr stays quiet.
+      const again = await cli(['users', 'import', file, '--dry-run'])
+      assert.equal(again.stderr, '')
     })
 
     it('keys create / list / rotate / revoke; a secret is printed once and works at once', async () => {

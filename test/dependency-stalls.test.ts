@@ -3,6 +3,7 @@ import { connect, createServer, type AddressInfo, type Server, type Socket } fro
 import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { NO_REDIS, TEST_REDIS_URL, testRedisAddress, testRedisUrlVia } from './redis.ts'
 
 /**
  * A TCP proxy on 127.0.0.1 in front of a real server that can go dark the way a
@@ -99,14 +100,6 @@ class BlackholeProxy {
   }
 }
 
-function reachable (port: number): Promise<boolean> {
-  return new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
-}
-
 /** Runs a request and measures it; a request still unanswered after `limitMs` fails the test instead of hanging it. */
 async function timed<T = LightMyRequestResponse> (limitMs: number, request: () => Promise<T>): Promise<{ res: T, ms: number }> {
   const started = performance.now()
@@ -165,10 +158,10 @@ for (const dialect of dialects()) {
     let user: { username: string }
 
     before(async () => {
-      if (!await reachable(6379)) return
-      proxy = await BlackholeProxy.start({ host: '127.0.0.1', port: 6379 })
+      if (TEST_REDIS_URL === undefined) return
+      proxy = await BlackholeProxy.start(testRedisAddress())
       // The per-address budget is off so that sign-in reaches Redis through its failure counter, not the request limit.
-      t = await createTestApp(dialect, { redisUrl: `redis://127.0.0.1:${proxy.port}`, redisCommandTimeoutMs: REDIS_TIMEOUT_MS, rateLimitPerAddress: 0 })
+      t = await createTestApp(dialect, { redisUrl: testRedisUrlVia('127.0.0.1', proxy.port), redisCommandTimeoutMs: REDIS_TIMEOUT_MS, rateLimitPerAddress: 0 })
       await untilReady(t)
       const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD } })
       assert.equal(created.statusCode, 201, created.body)
@@ -186,7 +179,7 @@ for (const dialect of dialects()) {
       await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(t.adminKey) })
 
     it('answers rate-limited requests and sign-in 503 dependency_unavailable with Retry-After within the command timeout', async (ctx: TestContext) => {
-      if (proxy === undefined) return ctx.skip('no Redis on 127.0.0.1:6379')
+      if (proxy === undefined) return ctx.skip(NO_REDIS)
       assert.equal((await listUsers()).statusCode, 200)
       assert.equal((await signIn()).statusCode, 200)
       proxy.blackhole()
@@ -203,7 +196,7 @@ for (const dialect of dialects()) {
     })
 
     it('reports Redis unavailable from /readyz within its bound while the database stays ok', async (ctx: TestContext) => {
-      if (proxy === undefined) return ctx.skip('no Redis on 127.0.0.1:6379')
+      if (proxy === undefined) return ctx.skip(NO_REDIS)
       const { res, ms } = await timed(2000 + SLACK_MS, async () => await t.app.inject({ url: '/auth/readyz' }))
       ctx.diagnostic(`readyz 503 after ${ms} ms`)
       assert.equal(res.statusCode, 503, res.body)
@@ -212,7 +205,7 @@ for (const dialect of dialects()) {
     })
 
     it('serves again, and /readyz is ready, once Redis answers again', async (ctx: TestContext) => {
-      if (proxy === undefined) return ctx.skip('no Redis on 127.0.0.1:6379')
+      if (proxy === undefined) return ctx.skip(NO_REDIS)
       proxy.resume()
       await eventually(5000, async () => {
         assert.equal((await listUsers()).statusCode, 200)
@@ -224,7 +217,7 @@ for (const dialect of dialects()) {
     })
 
     it('drops a connection that stays silent and serves again over a new one', async (ctx: TestContext) => {
-      if (proxy === undefined) return ctx.skip('no Redis on 127.0.0.1:6379')
+      if (proxy === undefined) return ctx.skip(NO_REDIS)
       assert.equal((await listUsers()).statusCode, 200)
       proxy.blackhole()
       assertUnavailable((await timed(REDIS_TIMEOUT_MS + SLACK_MS + 5000, listUsers)).res, 'dependency_unavailable')
@@ -239,9 +232,9 @@ for (const dialect of dialects()) {
 
 describe('a Redis that stops answering, under the per-address request limit', () => {
   it('answers unauthenticated requests 503 dependency_unavailable within the command timeout, and shuts down while Redis is silent', async (ctx: TestContext) => {
-    if (!await reachable(6379)) return ctx.skip('no Redis on 127.0.0.1:6379')
-    const proxy = await BlackholeProxy.start({ host: '127.0.0.1', port: 6379 })
-    const t = await createTestApp(dialects()[0]!, { redisUrl: `redis://127.0.0.1:${proxy.port}`, redisCommandTimeoutMs: REDIS_TIMEOUT_MS })
+    if (TEST_REDIS_URL === undefined) return ctx.skip(NO_REDIS)
+    const proxy = await BlackholeProxy.start(testRedisAddress())
+    const t = await createTestApp(dialects()[0]!, { redisUrl: testRedisUrlVia('127.0.0.1', proxy.port), redisCommandTimeoutMs: REDIS_TIMEOUT_MS })
     let closed = false
     try {
       const version = async (): Promise<LightMyRequestResponse> => await t.app.inject({ url: '/auth/api/version', remoteAddress: '192.0.2.77' })

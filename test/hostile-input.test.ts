@@ -6,6 +6,7 @@ import { setTimeout as sleep } from 'node:timers/promises'
 import type { InjectOptions } from 'fastify'
 import { Redis } from 'ioredis'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { NO_REDIS, TEST_REDIS_URL } from './redis.ts'
 
 interface Answer { statusCode: number, headers: Record<string, unknown>, body: string }
 
@@ -64,14 +65,6 @@ function parseRaw (text: string): Answer & { statusLine: string } {
     headers[line.slice(0, colon).trim().toLowerCase()] = line.slice(colon + 1).trim()
   }
   return { statusLine, statusCode: Number(statusLine.split(' ')[1]), headers, body: end === -1 ? '' : text.slice(end + 4) }
-}
-
-function redisReachable (): Promise<boolean> {
-  return new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
 }
 
 for (const dialect of dialects()) {
@@ -284,9 +277,9 @@ for (const dialect of dialects()) {
     let t: TestApp | undefined
     let redis: Redis | undefined
     before(async () => {
-      if (!await redisReachable()) return
-      t = await createTestApp(dialect, { redisUrl: 'redis://127.0.0.1:6379' })
-      redis = new Redis('redis://127.0.0.1:6379')
+      if (TEST_REDIS_URL === undefined) return
+      t = await createTestApp(dialect, { redisUrl: TEST_REDIS_URL })
+      redis = new Redis(TEST_REDIS_URL)
     })
     after(async () => {
       await t?.app.close()
@@ -295,7 +288,7 @@ for (const dialect of dialects()) {
 
     it('names each counter by its budget alone, without "undefined"', async (ctx) => {
       if (t === undefined || redis === undefined) {
-        ctx.skip('no Redis on 127.0.0.1:6379')
+        ctx.skip(NO_REDIS)
         return
       }
       // An address no other test uses, so only this test's keys match.

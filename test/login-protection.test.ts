@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import { rmSync } from 'node:fs'
-import { connect } from 'node:net'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { NO_REDIS, TEST_REDIS_URL } from './redis.ts'
 
 const WRONG = 'not the password at all'
 
@@ -16,14 +16,6 @@ async function createUser (t: TestApp): Promise<{ id: string, username: string }
 
 async function login (t: TestApp, username: string, password: string, headers: Record<string, string> = {}): Promise<LightMyRequestResponse> {
   return await t.app.inject({ method: 'POST', url: '/auth/api/login', headers, payload: { username, password }, remoteAddress: headers['x-test-remote'] ?? '127.0.0.1' })
-}
-
-function redisReachable (): Promise<boolean> {
-  return new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
 }
 
 const dialect = dialects()[0]!
@@ -114,13 +106,13 @@ describe('sign-in throttling behind a trusted proxy', () => {
 
 describe('sign-in throttling shared through Redis', () => {
   it('sees failures counted by another instance', async (ctx) => {
-    if (!await redisReachable()) {
-      ctx.skip('no Redis on 127.0.0.1:6379')
+    if (TEST_REDIS_URL === undefined) {
+      ctx.skip(NO_REDIS)
       return
     }
     // Both instances share one database (a file) and one Redis, as two servers behind a load balancer would.
     const file = `/tmp/gatehouse-redis-test-${randomBytes(4).toString('hex')}.db`
-    const settings = { databaseUrl: `sqlite:${file}`, redisUrl: 'redis://127.0.0.1:6379', loginMaxFailuresPerAccount: 3, bootstrapAdminApiKey: 'k'.repeat(40) }
+    const settings = { databaseUrl: `sqlite:${file}`, redisUrl: TEST_REDIS_URL, loginMaxFailuresPerAccount: 3, bootstrapAdminApiKey: 'k'.repeat(40) }
     const a = await createTestApp({ name: 'sqlite', url: undefined }, settings)
     const b = await createTestApp({ name: 'sqlite', url: undefined }, settings)
     try {

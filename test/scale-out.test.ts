@@ -4,7 +4,6 @@ import { randomBytes, randomInt } from 'node:crypto'
 import { existsSync, readFileSync } from 'node:fs'
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises'
 import { Agent, request, type IncomingHttpHeaders } from 'node:http'
-import { connect } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
@@ -19,6 +18,7 @@ import { PasswordHasher } from '../src/lib/passwords.ts'
 import { dropSchema, GOOD_PASSWORD } from './helpers.ts'
 import { errorLog, NGINX, nginxConf, startNginx, stopNginx, type Nginx } from './nginx.ts'
 import { freePort } from './ports.ts'
+import { NO_REDIS, TEST_REDIS_URL } from './redis.ts'
 
 /*
  * Three gatehouse processes on one PostgreSQL schema and one Redis, behind
@@ -29,7 +29,7 @@ import { freePort } from './ports.ts'
 const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const DOC = new URL('../docs/scale-out.md', import.meta.url)
 const DATABASE_URL = process.env.TEST_DATABASE_URL
-const REDIS_URL = 'redis://127.0.0.1:6379'
+const REDIS_URL = TEST_REDIS_URL
 const ADMIN_KEY = `gatehouse_${randomBytes(24).toString('hex')}`
 const ADMIN = { authorization: `Bearer ${ADMIN_KEY}` }
 const WRONG = 'not the password at all'
@@ -40,21 +40,13 @@ const LOCK_THRESHOLD = 6
 const LOAD = { creates: 300, concurrency: 16, killAfterAcks: 100 }
 const SURVIVOR_REQUESTS = 30
 
-function redisReachable (): Promise<boolean> {
-  return new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
-}
-
 const NO_POSTGRES = 'TEST_DATABASE_URL is unset: several instances need one PostgreSQL database to share (CI sets it)'
 const noDatabase = DATABASE_URL === undefined || DATABASE_URL === ''
 const skip = noDatabase
   ? NO_POSTGRES
   : !existsSync(NGINX)
       ? `${NGINX} is missing; install Debian's nginx package to run this test (CI does)`
-      : !await redisReachable() ? `no Redis on ${REDIS_URL} to share the sign-in budgets (CI has one)` : false
+      : REDIS_URL === undefined ? `${NO_REDIS}: the instances share the sign-in budgets there` : false
 
 /** A block of docs/scale-out.md's nginx example, between `# >>> scale-out NAME` and `# <<< scale-out NAME`. */
 function documented (name: string): string {

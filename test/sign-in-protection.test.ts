@@ -1,20 +1,12 @@
 import assert from 'node:assert/strict'
 import { randomInt } from 'node:crypto'
-import { connect } from 'node:net'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import type { Config } from '../src/config.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { TEST_REDIS_URL } from './redis.ts'
 
 const WRONG = 'not the password at all'
-
-async function redisReachable (): Promise<boolean> {
-  return await new Promise(resolve => {
-    const socket = connect({ host: '127.0.0.1', port: 6379 }, () => { socket.end(); resolve(true) })
-    socket.on('error', () => resolve(false))
-    socket.setTimeout(500, () => { socket.destroy(); resolve(false) })
-  })
-}
 
 /** The three ways gatehouse runs: SQLite, PostgreSQL, and PostgreSQL with the counters in Redis. */
 const setups: Array<{ name: string, dialect: ReturnType<typeof dialects>[number], redis: boolean }> = [
@@ -23,7 +15,7 @@ const setups: Array<{ name: string, dialect: ReturnType<typeof dialects>[number]
 const postgres = dialects().find(d => d.name === 'postgres')
 if (postgres !== undefined) {
   setups.push({ name: 'postgres', dialect: postgres, redis: false })
-  if (await redisReachable()) setups.push({ name: 'postgres+redis', dialect: postgres, redis: true })
+  if (TEST_REDIS_URL !== undefined) setups.push({ name: 'postgres+redis', dialect: postgres, redis: true })
 }
 
 /**
@@ -77,7 +69,7 @@ for (const setup of setups) {
     accountLockThreshold: 50,
     // Every guess that gets through its budget is verified; none is turned away by the hash queue's own limit.
     hashQueueLimit: 1000,
-    ...(setup.redis ? { redisUrl: 'redis://127.0.0.1:6379' } : {})
+    ...(setup.redis ? { redisUrl: TEST_REDIS_URL } : {})
   }
 
   describe(`sign-in budgets under concurrency (${setup.name})`, () => {

@@ -1,6 +1,8 @@
 import { CliError, UsageError } from './output.ts'
 
 export const DEFAULT_URL = 'http://127.0.0.1:8080/auth'
+/** The service's default BASE_PATH (src/config.ts). */
+const DEFAULT_BASE_PATH = '/auth'
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
 
 /** The subset of the API's User the CLI relies on. */
@@ -23,16 +25,32 @@ interface Problem {
   errors?: Array<{ pointer?: string, detail?: string }>
 }
 
+/**
+ * Why a 404 for an operation that exists is most likely GATEHOUSE_URL's fault:
+ * without the base path every request misses the API, and the server can only
+ * say that nothing is there.
+ */
+function basePathHint (baseUrl: string): string {
+  const path = new URL(baseUrl).pathname
+  if (path === '/' || path === '') {
+    return `GATEHOUSE_URL is ${baseUrl} — did you mean ${baseUrl}${DEFAULT_BASE_PATH}? It must include the service's base path (BASE_PATH, ${DEFAULT_BASE_PATH} by default).`
+  }
+  return `GATEHOUSE_URL is ${baseUrl}: it must include the service's base path (BASE_PATH, ${DEFAULT_BASE_PATH} by default); is ${path} that path?`
+}
+
 /** An error answer of the API, carrying its problem+json `detail`. */
 export class ApiError extends CliError {
   readonly status: number
   readonly code: string | undefined
-  constructor (status: number, problem: Problem | undefined, statusText: string) {
+  /** `baseUrl`: the GATEHOUSE_URL the request went to, for the hint on a 404 that no operation answered. */
+  constructor (status: number, problem: Problem | undefined, statusText: string, baseUrl?: string) {
     const detail = problem?.detail ?? problem?.title ?? `${status} ${statusText}`
     const fields = (problem?.errors ?? [])
       .filter(e => e.pointer !== undefined && e.pointer !== '' && e.detail !== undefined)
       .map(e => `\n  ${e.pointer}: ${e.detail}`).join('')
-    super(`${detail}${fields}`)
+    // route_not_found, or a 404 without a problem code at all: another server (a proxy's page) answered.
+    const missedTheApi = status === 404 && (problem?.code === 'route_not_found' || problem?.code === undefined) && baseUrl !== undefined
+    super(missedTheApi ? `${detail} ${basePathHint(baseUrl)}` : `${detail}${fields}`)
     this.status = status
     this.code = problem?.code
   }
@@ -96,7 +114,7 @@ export class ApiClient {
         throw new CliError(`${method} ${url} answered ${response.status} with malformed JSON`)
       }
     }
-    if (!response.ok) throw new ApiError(response.status, parsed as Problem | undefined, response.statusText)
+    if (!response.ok) throw new ApiError(response.status, parsed as Problem | undefined, response.statusText, this.baseUrl)
     return { status: response.status, headers: response.headers, body: parsed as T }
   }
 

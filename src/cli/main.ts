@@ -8,6 +8,7 @@ import { registerUsers } from './users.ts'
 import { registerKeys } from './keys.ts'
 import { registerWebhooks } from './webhooks.ts'
 import { registerDbUser } from './db-user.ts'
+import { RELEASE } from '../system/release.ts'
 
 /** Exit codes: 0 done, 1 it failed, 2 it was called wrongly (unknown option, missing setting, bad value). */
 export const EXIT_OK = 0
@@ -17,12 +18,14 @@ export const EXIT_USAGE = 2
 export function buildProgram (): Command {
   const program = new Command('gatehouse')
     .description('Administer gatehouse, the Auth API: run it, migrate it, manage its users and API keys, and the optional database user.')
+    .version(RELEASE, '-V, --version', 'print the release of this gatehouse')
     .addHelpText('after', `
 Environment:
   GATEHOUSE_URL         the running service, for users, keys and webhooks (default ${DEFAULT_URL})
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
   DATABASE_URL          the service's own database, for serve, migrate and admin create
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
+  COLUMNS               the width tables fit (default: the terminal's; piped, as wide as the values)
 
 Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
     .showHelpAfterError('(add --help for usage)')

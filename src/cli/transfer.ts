@@ -155,7 +155,7 @@ async function postImport (client: ApiClient, users: Array<Record<string, unknow
   }
   if (response.ok && body !== undefined) return { ...body, applied: true }
   if (response.status === 422 && body?.code === 'import_failed' && Array.isArray(body.results)) return { ...body, applied: false }
-  throw new ApiError(response.status, body, response.statusText)
+  throw new ApiError(response.status, body, response.statusText, client.baseUrl)
 }
 
 /** Rows per request: at most what one import request takes, and a body well inside its 4 MiB limit. */
@@ -193,18 +193,54 @@ function formatOf (file: string, given: string | undefined): 'csv' | 'jsonl' {
   throw new UsageError('cannot tell the format from the file name; pass --format csv or --format jsonl')
 }
 
+/**
+ * One status line on stderr, on a terminal only (piped, stderr stays quiet):
+ * drawn as soon as a phase starts, then again every second, so a slow batch
+ * never looks like a hang, and on each change at most ten times a second.
+ */
 class Progress {
+  readonly #out = process.stderr
   readonly #enabled = process.stderr.isTTY === true
-  #last = 0
-  constructor (readonly label: string, readonly total: number) {}
-  tick (done: number): void {
-    if (!this.#enabled || (Date.now() - this.#last < 100 && done < this.total)) return
-    this.#last = Date.now()
-    const width = 30
-    const filled = this.total === 0 ? width : Math.round(width * done / this.total)
-    process.stderr.write(`\r${this.label} [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${done}/${this.total}`)
-    if (done >= this.total) process.stderr.write('\n')
+  #render: () => string = () => ''
+  #timer: NodeJS.Timeout | undefined
+  #drawn = 0
+
+  /** What the line says from now on; `render` runs at each drawing, so counts and rates are current. */
+  show (render: () => string): void {
+    if (!this.#enabled) return
+    this.#render = render
+    this.#draw()
+    this.#timer ??= setInterval(() => { this.#draw() }, 1000).unref()
   }
+
+  changed (): void {
+    if (this.#enabled && Date.now() - this.#drawn >= 100) this.#draw()
+  }
+
+  /** The line as it ends, kept on screen; the report follows on a line of its own. */
+  end (): void {
+    clearInterval(this.#timer)
+    this.#timer = undefined
+    if (this.#drawn === 0) return
+    this.#draw()
+    this.#out.write('\n')
+    this.#drawn = 0
+  }
+
+  #draw (): void {
+    this.#drawn = Date.now()
+    // \r back to the start of the line; ESC [K clears what a longer earlier text left.
+    this.#out.write(`\r${this.#render()}\u001b[K`)
+  }
+}
+
+/** `importing [######........] 2000/10000 rows, 850 rows/s, 3 s`: rate and time since the first batch was sent. */
+function importLine (done: number, total: number, startedAt: number): string {
+  const seconds = (Date.now() - startedAt) / 1000
+  const width = 20
+  const filled = total === 0 ? width : Math.round(width * done / total)
+  const rate = seconds > 0 ? Math.round(done / seconds) : 0
+  return `importing [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${done}/${total} rows, ${rate} rows/s, ${Math.floor(seconds)} s`
 }
 
 async function writeLine (out: Writable, text: string): Promise<void> {
@@ -240,123 +276,144 @@ export function registerTransfer (users: Command): void {
     .option('--continue-on-error', 'create the valid rows even if others fail (default: any failure creates nothing)')
     .option('--batch-size <n>', `rows per request to the import operation, 1 to ${BATCH_ROWS} (default ${BATCH_ROWS})`, batchSize)
     .option('--json', 'print the per-row report as JSON')
-    .action(async (file: string, options: { format?: string, dryRun?: boolean, continueOnError?: boolean, batchSize?: number, json?: boolean }) => {
-      const format = formatOf(file, options.format)
-      const client = ApiClient.fromEnv()
-      const { userCreateProblems } = await import('./validate.ts')
-      const input = await openInput(file)
-      const rows: ImportRow[] = []
+    .action(async (file: string, options: ImportOptions) => {
+      const progress = new Progress()
       try {
-        for await (const { line, record, error } of format === 'csv' ? csvRows(input) : jsonLines(input)) {
-          const username = record !== null && typeof record === 'object' && typeof (record as { username?: unknown }).username === 'string'
-            ? (record as { username: string }).username
-            : null
-          const checked = error !== undefined ? { error } : toCreateBody(record, userCreateProblems)
-          rows.push({ line, username, status: checked.error !== undefined ? 'failed' : 'valid', ...checked })
-        }
-      } catch (error) {
-        if (error instanceof CliError) throw error
-        const code = (error as { code?: string }).code
-        if (code !== undefined && /^E[A-Z]+$/.test(code) && (error as { syscall?: string }).syscall !== undefined) throw new CliError(`cannot read ${file}: ${readProblem(error)}`)
-        throw new CliError(`${file} is not valid ${format === 'csv' ? 'CSV' : 'JSON Lines'}: ${(error as Error).message}`)
+        await importUsers(file, options, progress)
+      } finally {
+        // Also when it fails: the error message gets a line of its own.
+        progress.end()
       }
-
-      // Conflicts the service would refuse: within the file, and with the users it already has.
-      const existingNames = new Set<string>()
-      const existingEmails = new Set<string>()
-      for await (const page of client.users()) {
-        for (const user of page) {
-          existingNames.add(user.username.toLowerCase())
-          if (user.email !== null) existingEmails.add(user.email.toLowerCase())
-        }
-      }
-      const seenNames = new Map<string, number>()
-      const seenEmails = new Map<string, number>()
-      for (const row of rows) {
-        if (row.status !== 'valid' || row.body === undefined) continue
-        const name = String(row.body.username).toLowerCase()
-        const email = typeof row.body.email === 'string' ? row.body.email.toLowerCase() : undefined
-        const fail = (error: string): void => { row.status = 'failed'; row.error = error }
-        if (existingNames.has(name)) fail(`a user named "${String(row.body.username)}" already exists`)
-        else if (seenNames.has(name)) fail(`the username repeats line ${seenNames.get(name)!}`)
-        else if (email !== undefined && existingEmails.has(email)) fail(`another user has the email ${String(row.body.email)}`)
-        else if (email !== undefined && seenEmails.has(email)) fail(`the email repeats line ${seenEmails.get(email)!}`)
-        seenNames.set(name, seenNames.get(name) ?? row.line)
-        if (email !== undefined) seenEmails.set(email, seenEmails.get(email) ?? row.line)
-      }
-
-      const invalid = rows.filter(r => r.status === 'failed').length
-      let rolledBack = 0
-      let aborted = false
-      if (options.dryRun !== true && (invalid === 0 || options.continueOnError === true)) {
-        const pending = rows.filter(r => r.status === 'valid')
-        const progress = new Progress('importing', pending.length)
-        const atomic = options.continueOnError !== true
-        let done = 0
-        for (const batch of batches(pending, options.batchSize ?? BATCH_ROWS)) {
-          if (aborted) break
-          try {
-            const report = await postImport(client, batch.map(r => r.body!), atomic)
-            for (const result of report.results) {
-              const row = batch[result.index]
-              if (row === undefined) continue
-              if (result.status === 'created' && result.id !== undefined) {
-                row.status = 'created'
-                row.id = result.id
-              } else if (result.status === 'error') {
-                row.status = 'failed'
-                row.error = `${result.detail ?? 'refused'}${result.code !== undefined ? ` (${result.code})` : ''}`
-              }
-            }
-            if (!report.applied) aborted = true
-          } catch (error) {
-            if (!(error instanceof ApiError)) throw error
-            // The service refused the whole batch (no admin scope, busy, a conflict with a concurrent change): every row of it failed.
-            for (const row of batch) {
-              row.status = 'failed'
-              row.error = error.message
-            }
-            if (atomic) aborted = true
-          }
-          done += batch.length
-          progress.tick(done)
-        }
-        if (aborted) {
-          // All or nothing: what earlier batches of this run created is deleted again.
-          const limit = pLimit(IN_FLIGHT)
-          await Promise.all(rows.filter(r => r.status === 'created').map(async row => await limit(async () => {
-            try {
-              await client.request('DELETE', `/api/users/${row.id!}`)
-              row.status = 'rolled_back'
-              rolledBack += 1
-            } catch (error) {
-              row.error = `created, and could not be deleted again: ${(error as Error).message}`
-            }
-          })))
-        }
-      }
-      for (const row of rows) {
-        if (row.status === 'valid' && options.dryRun !== true) row.status = 'not_attempted'
-        delete row.body
-      }
-
-      const failed = rows.filter(r => r.status === 'failed')
-      const created = rows.filter(r => r.status === 'created').length
-      if (options.json === true) {
-        printJson({ dry_run: options.dryRun === true, rows_read: rows.length, created, failed: failed.length, rolled_back: rolledBack, rows })
-      } else {
-        for (const row of failed) printLine(`line ${row.line}${row.username !== null ? ` (${row.username})` : ''}: ${row.error ?? ''}`)
-        const leftover = rows.filter(r => r.status === 'created' && aborted)
-        for (const row of leftover) printLine(`line ${row.line} (${row.username ?? ''}): ${row.error ?? ''}`)
-        if (options.dryRun === true) {
-          printLine(`Dry run: ${rows.length - failed.length} of ${rows.length} rows would be created${failed.length > 0 ? `, ${failed.length} have problems` : ''}; nothing was changed`)
-        } else if (failed.length > 0 && options.continueOnError !== true) {
-          printLine(`Nothing was imported: ${failed.length} of ${rows.length} rows failed${rolledBack > 0 ? ` (the ${rolledBack} users created before the failure were deleted again)` : ''}. ` +
-            'Fix them, or pass --continue-on-error to import the others.')
-        } else {
-          printLine(`Created ${created} of ${rows.length} users${failed.length > 0 ? `; ${failed.length} rows failed` : ''}`)
-        }
-      }
-      if (failed.length > 0) process.exitCode = 1
     })
+}
+
+interface ImportOptions { format?: string, dryRun?: boolean, continueOnError?: boolean, batchSize?: number, json?: boolean }
+
+async function importUsers (file: string, options: ImportOptions, progress: Progress): Promise<void> {
+  const format = formatOf(file, options.format)
+  const client = ApiClient.fromEnv()
+  const { userCreateProblems } = await import('./validate.ts')
+  const input = await openInput(file)
+  const rows: ImportRow[] = []
+  progress.show(() => `reading ${file === '-' ? 'standard input' : file}: ${rows.length} rows`)
+  try {
+    for await (const { line, record, error } of format === 'csv' ? csvRows(input) : jsonLines(input)) {
+      const username = record !== null && typeof record === 'object' && typeof (record as { username?: unknown }).username === 'string'
+        ? (record as { username: string }).username
+        : null
+      const checked = error !== undefined ? { error } : toCreateBody(record, userCreateProblems)
+      rows.push({ line, username, status: checked.error !== undefined ? 'failed' : 'valid', ...checked })
+      progress.changed()
+    }
+  } catch (error) {
+    if (error instanceof CliError) throw error
+    const code = (error as { code?: string }).code
+    if (code !== undefined && /^E[A-Z]+$/.test(code) && (error as { syscall?: string }).syscall !== undefined) throw new CliError(`cannot read ${file}: ${readProblem(error)}`)
+    throw new CliError(`${file} is not valid ${format === 'csv' ? 'CSV' : 'JSON Lines'}: ${(error as Error).message}`)
+  }
+
+  // Conflicts the service would refuse: within the file, and with the users it already has.
+  const existingNames = new Set<string>()
+  const existingEmails = new Set<string>()
+  progress.show(() => `checking ${rows.length} rows against the existing users: ${existingNames.size} read`)
+  for await (const page of client.users()) {
+    for (const user of page) {
+      existingNames.add(user.username.toLowerCase())
+      if (user.email !== null) existingEmails.add(user.email.toLowerCase())
+    }
+    progress.changed()
+  }
+  const seenNames = new Map<string, number>()
+  const seenEmails = new Map<string, number>()
+  for (const row of rows) {
+    if (row.status !== 'valid' || row.body === undefined) continue
+    const name = String(row.body.username).toLowerCase()
+    const email = typeof row.body.email === 'string' ? row.body.email.toLowerCase() : undefined
+    const fail = (error: string): void => { row.status = 'failed'; row.error = error }
+    if (existingNames.has(name)) fail(`a user named "${String(row.body.username)}" already exists`)
+    else if (seenNames.has(name)) fail(`the username repeats line ${seenNames.get(name)!}`)
+    else if (email !== undefined && existingEmails.has(email)) fail(`another user has the email ${String(row.body.email)}`)
+    else if (email !== undefined && seenEmails.has(email)) fail(`the email repeats line ${seenEmails.get(email)!}`)
+    seenNames.set(name, seenNames.get(name) ?? row.line)
+    if (email !== undefined) seenEmails.set(email, seenEmails.get(email) ?? row.line)
+  }
+
+  const invalid = rows.filter(r => r.status === 'failed').length
+  let rolledBack = 0
+  let aborted = false
+  if (options.dryRun !== true && (invalid === 0 || options.continueOnError === true)) {
+    const pending = rows.filter(r => r.status === 'valid')
+    const atomic = options.continueOnError !== true
+    let done = 0
+    const startedAt = Date.now()
+    progress.show(() => importLine(done, pending.length, startedAt))
+    for (const batch of batches(pending, options.batchSize ?? BATCH_ROWS)) {
+      if (aborted) break
+      try {
+        const report = await postImport(client, batch.map(r => r.body!), atomic)
+        for (const result of report.results) {
+          const row = batch[result.index]
+          if (row === undefined) continue
+          if (result.status === 'created' && result.id !== undefined) {
+            row.status = 'created'
+            row.id = result.id
+          } else if (result.status === 'error') {
+            row.status = 'failed'
+            row.error = `${result.detail ?? 'refused'}${result.code !== undefined ? ` (${result.code})` : ''}`
+          }
+        }
+        if (!report.applied) aborted = true
+      } catch (error) {
+        if (!(error instanceof ApiError)) throw error
+        // The service refused the whole batch (no admin scope, busy, a conflict with a concurrent change): every row of it failed.
+        for (const row of batch) {
+          row.status = 'failed'
+          row.error = error.message
+        }
+        if (atomic) aborted = true
+      }
+      done += batch.length
+      progress.changed()
+    }
+    if (aborted) {
+    // All or nothing: what earlier batches of this run created is deleted again.
+      const limit = pLimit(IN_FLIGHT)
+      const undo = rows.filter(r => r.status === 'created')
+      progress.show(() => `deleting again what this import created: ${rolledBack} of ${undo.length} users`)
+      await Promise.all(undo.map(async row => await limit(async () => {
+        try {
+          await client.request('DELETE', `/api/users/${row.id!}`)
+          row.status = 'rolled_back'
+          rolledBack += 1
+          progress.changed()
+        } catch (error) {
+          row.error = `created, and could not be deleted again: ${(error as Error).message}`
+        }
+      })))
+    }
+  }
+  progress.end()
+  for (const row of rows) {
+    if (row.status === 'valid' && options.dryRun !== true) row.status = 'not_attempted'
+    delete row.body
+  }
+
+  const failed = rows.filter(r => r.status === 'failed')
+  const created = rows.filter(r => r.status === 'created').length
+  if (options.json === true) {
+    printJson({ dry_run: options.dryRun === true, rows_read: rows.length, created, failed: failed.length, rolled_back: rolledBack, rows })
+  } else {
+    for (const row of failed) printLine(`line ${row.line}${row.username !== null ? ` (${row.username})` : ''}: ${row.error ?? ''}`)
+    const leftover = rows.filter(r => r.status === 'created' && aborted)
+    for (const row of leftover) printLine(`line ${row.line} (${row.username ?? ''}): ${row.error ?? ''}`)
+    if (options.dryRun === true) {
+      printLine(`Dry run: ${rows.length - failed.length} of ${rows.length} rows would be created${failed.length > 0 ? `, ${failed.length} have problems` : ''}; nothing was changed`)
+    } else if (failed.length > 0 && options.continueOnError !== true) {
+      printLine(`Nothing was imported: ${failed.length} of ${rows.length} rows failed${rolledBack > 0 ? ` (the ${rolledBack} users created before the failure were deleted again)` : ''}. ` +
+      'Fix them, or pass --continue-on-error to import the others.')
+    } else {
+      printLine(`Created ${created} of ${rows.length} users${failed.length > 0 ? `; ${failed.length} rows failed` : ''}`)
+    }
+  }
+  if (failed.length > 0) process.exitCode = 1
 }

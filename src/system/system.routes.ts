@@ -3,11 +3,9 @@ import type { Redis } from 'ioredis'
 import type { FastifyTypeBox } from '../app.ts'
 import { pingDb, dialectOf } from '../db/database.ts'
 import { problems } from '../lib/openapi.ts'
-// Imported rather than read next to this file: the build bundles it, and dist/ is not where src/ is.
-import pkg from '../../package.json' with { type: 'json' }
+import { RELEASE } from './release.ts'
 
-/** The release this build is: `GET /api/version` and the OpenAPI `info.version`. */
-export const RELEASE = pkg.version
+export { RELEASE }
 
 const SEMVER = '^[0-9]+\\.[0-9]+\\.[0-9]+(-[0-9A-Za-z.-]+)?$'
 
