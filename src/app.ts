@@ -25,6 +25,7 @@ import { migrateToLatest } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
+import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
 import { isCredentialParam } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
@@ -99,7 +100,7 @@ const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
   let coercing: Compile | undefined
   return ((route: RouteDefinition) => lazyValidator(() => route.httpPart === 'body'
     ? (exact ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: false } }))(route)
-    : (coercing ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } }))(route))) as ReturnType<BuildCompilerFromPool>
+    : decimalNumbersOnly((coercing ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } }))(route)))) as ReturnType<BuildCompilerFromPool>
 }
 const serializerSelector = SerializerSelector()
 /**
