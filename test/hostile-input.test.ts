@@ -141,6 +141,29 @@ for (const dialect of dialects()) {
       assert.ok(!keys.body.includes('\\u0000'))
     })
 
+    it('rejects a lone UTF-16 surrogate in any text input with 422 validation_failed naming the value, and keeps a real pair', async () => {
+      const json = (method: 'POST' | 'PATCH', url: string, text: string, type = 'application/json'): InjectOptions =>
+        ({ method, url, headers: { ...auth(t.adminKey), 'content-type': type }, payload: text })
+      const cases: Array<{ request: InjectOptions, pointer: string }> = [
+        { request: { method: 'POST', url: '/auth/api/login', headers: { 'content-type': 'application/json' }, payload: '{"username":"ab\\ud800cd","password":"whatever it is"}' }, pointer: '/username' },
+        { request: json('PATCH', `/auth/api/users/${userId}`, '{"first_name":"Ada\\udc00"}', 'application/merge-patch+json'), pointer: '/first_name' },
+        { request: json('POST', '/auth/api/users', `{"username":"${uniqueName()}","groups":["fine","\\udbff"]}`), pointer: '/groups/1' },
+        { request: json('POST', '/auth/api/users', `{"username":"${uniqueName()}","last\\ud800":"x"}`), pointer: '/last\ud800' },
+        { request: json('POST', '/auth/api/webhooks', '{"url":"https://hooks.example.com/x","description":"sync \\ud83d"}'), pointer: '/description' },
+        { request: json('POST', '/auth/api/api-keys', '{"name":"\\ude00key"}'), pointer: '/name' }
+      ]
+      for (const { request, pointer } of cases) {
+        const res = await t.app.inject(request)
+        const body = assertProblem(res, 422, 'validation_failed')
+        const errors = body.errors as Array<{ in: string, pointer: string, detail: string }>
+        assert.ok(errors.some(e => e.in === 'body' && e.pointer === pointer && /surrogate/.test(e.detail)), `${String(request.method)} ${String(request.url)}: ${res.body}`)
+      }
+      // A surrogate pair is an ordinary character (here U+1F600), stored and read back as sent.
+      const paired = await t.app.inject(json('PATCH', `/auth/api/users/${userId}`, '{"first_name":"Ada \\ud83d\\ude00"}', 'application/merge-patch+json'))
+      assert.equal(paired.statusCode, 200, paired.body)
+      assert.equal(paired.json().first_name, 'Ada \u{1F600}')
+    })
+
     it('answers a numeric parameter that is not a plain finite decimal with 422, on every operation that has one', async () => {
       const document = t.app.swagger() as { paths: Record<string, Record<string, { parameters?: Array<{ in: string, name: string, schema?: { type?: string } }> }>> }
       const numeric: Array<{ method: string, path: string, name: string }> = []
