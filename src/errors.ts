@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { STATUS_CODES, type ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 
 /**
  * The stable error codes of the API. Clients branch on these; never rename one.
@@ -276,6 +276,21 @@ function withContentTypeHint (appError: AppError, request: FastifyRequest): AppE
   return new AppError(appError.code, appError.status, detail, { cause: appError.cause, errors: appError.errors, headers: appError.headers, extensions: appError.extensions })
 }
 
+/**
+ * Logs a 5xx answer under the request's id. A 503 is a condition the service
+ * expects and names (too many hashes waiting, the database, Redis, LDAP or an
+ * identity provider unavailable): a warning for operators, with its cause.
+ * Anything else is a fault in gatehouse and logged as an error.
+ */
+export function logFailure (log: FastifyBaseLogger, appError: AppError | undefined, cause: unknown): void {
+  if (appError !== undefined && appError.status < 500) return
+  if (appError?.status === 503) {
+    log.warn({ err: cause, code: appError.code }, 'request refused: a dependency is unavailable or the service is busy')
+  } else {
+    log.error({ err: cause, code: appError?.code ?? 'internal_error' }, 'request failed')
+  }
+}
+
 export function registerErrorHandling (app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
     if (isClientAbort(error, request)) {
@@ -284,7 +299,7 @@ export function registerErrorHandling (app: FastifyInstance): void {
     }
     const appError = withContentTypeHint(toAppError(error), request)
     if (appError.status >= 500) {
-      request.log.error({ err: appError.cause ?? error, code: appError.code }, 'request failed')
+      logFailure(request.log, appError, appError.cause ?? error)
     } else if (appError.cause !== undefined && appError.code === 'conflict') {
       request.log.warn({ err: appError.cause }, 'constraint violation')
     }
@@ -329,7 +344,7 @@ export function answerFrameworkError (error: FastifyError, request: FastifyReque
       errors: [{ in: 'path', pointer: '', detail: 'a path parameter is longer than this service accepts' }]
     })
     : toAppError(error)
-  if (appError.status >= 500) request.log.error({ err: error }, 'request failed')
+  logFailure(request.log, appError, error)
   reply.headers({ ...STANDING_HEADERS, 'X-Request-Id': request.id })
   sendProblem(reply, appError)
   request.log.info({ req: request, res: reply }, 'request completed')

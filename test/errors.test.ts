@@ -17,6 +17,14 @@ function assertProblem (res: { statusCode: number, headers: Record<string, unkno
   for (const key of PROBLEM_KEYS) assert.ok(key in body, `problem lacks ${key}`)
 }
 
+/** An expected 503 is logged once for its request, as a warning with its code: never at error level. */
+function assertLoggedAsWarning (logLines: string[], requestId: string, code: string): void {
+  const entries = logLines.map(line => JSON.parse(line) as { level: number, reqId?: string, code?: string })
+    .filter(entry => entry.reqId === requestId)
+  assert.ok(entries.some(entry => entry.level === 40 && entry.code === code), JSON.stringify(entries))
+  assert.ok(entries.every(entry => entry.level < 50), JSON.stringify(entries))
+}
+
 for (const dialect of dialects()) {
   describe(`errors are problem+json (${dialect.name})`, () => {
     const t = useTestApp(dialect, { bodyLimitBytes: 4096 })
@@ -84,12 +92,14 @@ for (const dialect of dialects()) {
 describe('database unreachable', () => {
   it('answers 503 database_unavailable with Retry-After; readyz is 503 and healthz stays 200', async () => {
     // Nothing listens on port 1: every connection is refused at once.
-    const config = defaultConfig({ databaseUrl: 'postgres://postgres@127.0.0.1:1/none', logLevel: 'silent' })
-    const app = await buildApp({ config, migrate: false, logger: false })
+    const config = defaultConfig({ databaseUrl: 'postgres://postgres@127.0.0.1:1/none', logLevel: 'info' })
+    const logLines: string[] = []
+    const app = await buildApp({ config, migrate: false, logStream: { write: (line: string) => { logLines.push(line) } } })
     try {
       const res = await app.inject({ url: '/auth/api/users', headers: { 'x-api-key': 'gatehouse_' + 'a'.repeat(43) } })
       assertProblem(res, 503, 'database_unavailable')
       assert.equal(res.headers['retry-after'], '5')
+      assertLoggedAsWarning(logLines, res.json().request_id, 'database_unavailable')
       assert.ok(!/ECONNREFUSED|127\.0\.0\.1|pg/.test(res.body), 'no driver detail leaks')
       const ready = await app.inject({ url: '/auth/readyz' })
       assert.equal(ready.statusCode, 503)
@@ -103,7 +113,8 @@ describe('database unreachable', () => {
 
 describe('password hashing limits', () => {
   for (const dialect of dialects().slice(0, 1)) {
-    const t = useTestApp(dialect, { hashConcurrency: 1, hashQueueLimit: 0 })
+    const logLines: string[] = []
+    const t = useTestApp(dialect, { hashConcurrency: 1, hashQueueLimit: 0 }, { write: (line: string) => { logLines.push(line) } })
 
     it('hashes when idle even with no queue, and answers 503 server_busy with Retry-After once saturated', async () => {
       const create = async () => await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: 'correct horse battery staple' } })
@@ -115,6 +126,7 @@ describe('password hashing limits', () => {
       assert.ok(busy, statuses.join())
       assert.equal(busy.json().code, 'server_busy')
       assert.equal(busy.headers['retry-after'], '1')
+      assertLoggedAsWarning(logLines, busy.json().request_id, 'server_busy')
     })
   }
 })
