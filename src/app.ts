@@ -393,10 +393,15 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
     routePrefix: `${config.basePath}/docs`,
     uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false },
     staticCSP: true,
+    // For browsers that do not read frame-ancestors (below).
+    uiHooks: { onRequest: (_request, reply, done) => { reply.header('X-Frame-Options', 'DENY'); done() } },
     // Everything is served from here, so nothing needs other https: origins; and
     // upgrade-insecure-requests would blank the page for anyone reaching the
-    // service over plain HTTP by a name other than localhost.
+    // service over plain HTTP by a name other than localhost. Never framed, not
+    // even by this origin, like every other page (a framed Authorize dialog
+    // is a clickjacking target).
     transformStaticCSP: (header) => header
+      .replace("frame-ancestors 'self'", "frame-ancestors 'none'")
       .replace(/\s*upgrade-insecure-requests;/, '')
       .replace(' https: data:;', ' data:;')
       .replace(' validator.swagger.io', '')
