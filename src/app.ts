@@ -26,6 +26,7 @@ import { answerClientError, answerFrameworkError, AppError, registerErrorHandlin
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
+import { jsonParserWithPosition } from './lib/json-body.ts'
 import { isCredentialParam } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
@@ -258,7 +259,11 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
     })
   })
-  app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, app.getDefaultJsonParser('error', 'error'))
+  // Fastify's own JSON parsing, with syntax errors that say where (lib/json-body.ts).
+  const parseJson = jsonParserWithPosition(app)
+  app.removeContentTypeParser('application/json')
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson)
+  app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, parseJson)
   // After multipart's own preValidation hook, which is where a multipart body is parsed.
   app.addHook('preValidation', rejectNulBytes)
 

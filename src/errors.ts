@@ -130,6 +130,19 @@ const VALIDATION_PART: Record<string, string> = { body: 'body', querystring: 'qu
 
 interface AjvIssue { instancePath: string, keyword: string, message?: string, params: Record<string, unknown> }
 
+/** Patterns a person should not have to read as regular expressions, in words; see patternInWords. */
+const PATTERN_WORDS = new Map<string, string>()
+
+/**
+ * Names a schema pattern in words: a value that does not match it is then
+ * reported as "must be <words>" rather than with the regular expression.
+ * Returns the pattern, for use in the schema.
+ */
+export function patternInWords (pattern: string, words: string): string {
+  PATTERN_WORDS.set(pattern, words)
+  return pattern
+}
+
 function fieldErrorsFrom (error: FastifyError): FieldError[] {
   const part = VALIDATION_PART[error.validationContext ?? 'body'] ?? 'body'
   return ((error.validation ?? []) as AjvIssue[]).map(issue => {
@@ -142,6 +155,8 @@ function fieldErrorsFrom (error: FastifyError): FieldError[] {
     } else if (issue.keyword === 'required') {
       pointer = `${pointer}/${escapePointer(String(issue.params.missingProperty))}`
       detail = 'is required'
+    } else if (issue.keyword === 'pattern' && PATTERN_WORDS.has(String(issue.params.pattern))) {
+      detail = `must be ${PATTERN_WORDS.get(String(issue.params.pattern))!}`
     }
     return { in: part, pointer, detail }
   })
@@ -163,9 +178,9 @@ const FASTIFY_ERRORS: Record<string, [ErrorCode, number, string]> = {
   FST_ERR_CTP_INVALID_JSON_BODY: ['malformed_body', 400, 'The body is not valid JSON.'],
   FST_INVALID_MULTIPART_CONTENT_TYPE: ['unsupported_media_type', 415, 'The body is not multipart.'],
   FST_REQ_FILE_TOO_LARGE: ['payload_too_large', 413, 'An uploaded part is larger than this service accepts.'],
-  FST_PARTS_LIMIT: ['payload_too_large', 413, 'The form has more parts than this service accepts.'],
+  FST_PARTS_LIMIT: ['payload_too_large', 413, 'The form has more parts than this service accepts (at most 50).'],
   FST_FILES_LIMIT: ['validation_failed', 422, 'File uploads are not accepted; send form fields only.'],
-  FST_FIELDS_LIMIT: ['payload_too_large', 413, 'The form has more fields than this service accepts.'],
+  FST_FIELDS_LIMIT: ['payload_too_large', 413, 'The form has more fields than this service accepts (at most 50).'],
   FST_PROTO_VIOLATION: ['malformed_body', 400, 'The body contains a forbidden property name.'],
   FST_ERR_BAD_URL: ['route_not_found', 404, 'The URL could not be decoded.'],
   FST_ERR_ASYNC_CONSTRAINT: ['internal_error', 500, 'Something went wrong on our side. The request id identifies it in our logs.']
@@ -291,13 +306,22 @@ export function logFailure (log: FastifyBaseLogger, appError: AppError | undefin
   }
 }
 
+/** A body over the limit: say the limit of this operation, and what raises it. */
+function withBodyLimit (appError: AppError, error: unknown, request: FastifyRequest): AppError {
+  if ((error as FastifyError | null)?.code !== 'FST_ERR_CTP_BODY_TOO_LARGE') return appError
+  const limit = request.routeOptions.bodyLimit
+  return new AppError(appError.code, appError.status,
+    `The request body is larger than this operation accepts: at most ${limit} bytes. An operator can raise the limit with BODY_LIMIT_BYTES.`,
+    { cause: appError.cause, headers: appError.headers })
+}
+
 export function registerErrorHandling (app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
     if (isClientAbort(error, request)) {
       request.log.info({ err: error }, 'client closed the connection before sending the whole request')
       return sendProblem(reply, new AppError('malformed_body', 400, 'The request ended before its body was complete.', { cause: error }))
     }
-    const appError = withContentTypeHint(toAppError(error), request)
+    const appError = withBodyLimit(withContentTypeHint(toAppError(error), request), error, request)
     if (appError.status >= 500) {
       logFailure(request.log, appError, appError.cause ?? error)
     } else if (appError.cause !== undefined && appError.code === 'conflict') {

@@ -48,20 +48,57 @@ for (const dialect of dialects()) {
       assert.equal(item.headers.allow, 'GET, HEAD, PATCH, DELETE')
     })
 
-    it('answers malformed JSON with 400 malformed_body', async () => {
-      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username": ' })
-      assertProblem(res, 400, 'malformed_body')
+    it('answers malformed JSON with 400 malformed_body saying where, without quoting the body', async () => {
+      // Parsing comes before any look-up, so a PATCH of a user nobody has is enough for merge-patch.
+      const post = async (type: string, payload: string) => await t.app.inject({
+        method: type === 'application/json' ? 'POST' : 'PATCH',
+        url: type === 'application/json' ? '/auth/api/users' : '/auth/api/users/01900000-0000-7000-8000-000000000000',
+        headers: { ...auth(t.adminKey), 'content-type': type },
+        payload
+      })
+      const cases: Array<[string, string, RegExp]> = [
+        ['application/json', '{"username": ', /ends early \(line 1, column 14\)/],
+        // V8's own message for this one names no position, and quotes the body.
+        ['application/json', '{\n  "username": "ada",\n  "password": hunter2-secret\n}', /at line 3, column 15 \(character 38\)/],
+        ['application/json', '{"username": "ada",}', /at line 1, column 20 \(character 20\)/],
+        ['application/merge-patch+json', '{"username": "ada" "password": "x"}', /at line 1, column 20 \(character 20\)/]
+      ]
+      for (const [type, payload, where] of cases) {
+        const res = await post(type, payload)
+        assertProblem(res, 400, 'malformed_body')
+        assert.match(res.json().detail, where, payload)
+        assert.ok(!res.body.includes('hunter2') && !res.body.includes('ada'), res.body)
+      }
     })
 
-    it('refuses prototype poisoning with 400', async () => {
+    it('refuses prototype poisoning with 400, naming the forbidden property', async () => {
       const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username":"x","__proto__":{"role":"admin"}}' })
       assertProblem(res, 400, 'malformed_body')
+      assert.match(res.json().detail, /forbidden property name \(__proto__ or constructor\)/)
       assert.equal(({} as Record<string, unknown>).role, undefined)
     })
 
-    it('answers an oversize body with 413 payload_too_large', async () => {
+    it('answers an oversize body with 413 payload_too_large, stating the limit in bytes and the setting that raises it', async () => {
       const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), first_name: 'x'.repeat(5000) } })
       assertProblem(res, 413, 'payload_too_large')
+      assert.match(res.json().detail, /at most 4096 bytes\b.*BODY_LIMIT_BYTES/)
+      const form = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/x-www-form-urlencoded' }, payload: `username=${'x'.repeat(5000)}` })
+      assertProblem(form, 413, 'payload_too_large')
+      assert.match(form.json().detail, /at most 4096 bytes\b/)
+      // Import has a larger limit of its own (4 MiB, or BODY_LIMIT_BYTES if that is larger): the answer says that one.
+      const bulk = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users: [{ username: uniqueName(), first_name: 'x'.repeat(4 * 1024 * 1024) }] } })
+      assertProblem(bulk, 413, 'payload_too_large')
+      assert.match(bulk.json().detail, /at most 4194304 bytes\b/)
+    })
+
+    it('says in words what a username may be, as the console does, instead of a regular expression', async () => {
+      for (const username of ['bad name', 'naïve', 'x'.repeat(65)]) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username } })
+        assertProblem(res, 422, 'validation_failed')
+        const errors = res.json().errors as Array<{ pointer: string, detail: string }>
+        assert.ok(errors.some(e => e.pointer === '/username' && e.detail === 'must be 1 to 64 characters: letters, digits, and . _ @ -'), res.body)
+        assert.ok(!res.body.includes('[A-Za-z'), res.body)
+      }
     })
 
     it('answers an unsupported media type with 415', async () => {

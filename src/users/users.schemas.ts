@@ -1,8 +1,9 @@
 import { Type, type Static, type TSchema } from 'typebox'
+import { patternInWords } from '../errors.ts'
 import { Nullable, ref, Timestamp, Uuid } from '../lib/openapi.ts'
 
 /** Letters, digits and . _ @ -; ASCII so case-folding means the same in every database and client. */
-export const USERNAME_PATTERN = '^[A-Za-z0-9._@-]{1,64}$'
+export const USERNAME_PATTERN = patternInWords('^[A-Za-z0-9._@-]{1,64}$', '1 to 64 characters: letters, digits, and . _ @ -')
 
 const Username = Type.String({
   minLength: 1,
