@@ -22,7 +22,7 @@ import type { Config } from './config.ts'
 import { createDb, isPostgres, type Db } from './db/database.ts'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
 import { migrateToLatest } from './db/migrate.ts'
-import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
+import { answerClientError, answerFrameworkError, AppError, registerErrorHandling, type FieldError } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
@@ -75,6 +75,11 @@ declare module 'fastify' {
     legacy?: boolean
     /** Media types the body may have; others get 415 before the body is read. */
     accepts?: string[]
+    /**
+     * Rules beyond the body's schema (a password's), asked when the body does
+     * not match it, so that one 422 lists every problem (errors.ts).
+     */
+    bodyRules?: (body: unknown) => FieldError[]
   }
 }
 

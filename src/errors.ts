@@ -306,6 +306,21 @@ export function logFailure (log: FastifyBaseLogger, appError: AppError | undefin
   }
 }
 
+/**
+ * A body that does not match its schema is also checked against the route's
+ * other rules (`bodyRules`, a password's), so the 422 lists all its problems
+ * at once instead of the rest only after the schema's are fixed. A value the
+ * schema already reported is not reported twice.
+ */
+function withBodyRules (appError: AppError, error: unknown, request: FastifyRequest): AppError {
+  const rules = request.routeOptions.config.bodyRules
+  if (rules === undefined || appError.code !== 'validation_failed' || (error as FastifyError | null)?.validationContext !== 'body') return appError
+  const reported = new Set((appError.errors ?? []).map(e => e.pointer))
+  const more = rules(request.body).filter(e => !reported.has(e.pointer))
+  if (more.length === 0) return appError
+  return new AppError(appError.code, appError.status, appError.detail, { cause: appError.cause, errors: [...(appError.errors ?? []), ...more], headers: appError.headers, extensions: appError.extensions })
+}
+
 /** A body over the limit: say the limit of this operation, and what raises it. */
 function withBodyLimit (appError: AppError, error: unknown, request: FastifyRequest): AppError {
   if ((error as FastifyError | null)?.code !== 'FST_ERR_CTP_BODY_TOO_LARGE') return appError
@@ -321,7 +336,7 @@ export function registerErrorHandling (app: FastifyInstance): void {
       request.log.info({ err: error }, 'client closed the connection before sending the whole request')
       return sendProblem(reply, new AppError('malformed_body', 400, 'The request ended before its body was complete.', { cause: error }))
     }
-    const appError = withBodyLimit(withContentTypeHint(toAppError(error), request), error, request)
+    const appError = withBodyLimit(withContentTypeHint(withBodyRules(toAppError(error), error, request), request), error, request)
     if (appError.status >= 500) {
       logFailure(request.log, appError, appError.cause ?? error)
     } else if (appError.cause !== undefined && appError.code === 'conflict') {

@@ -210,7 +210,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
 
   app.post('/admin/users', { schema: hidden, ...formPost }, async (request, reply) => {
     const fields = (request.body ?? {}) as Fields
-    const parsed = parseCreate(fields)
+    const parsed = parseCreate(fields, deps.passwordPolicy)
     if (!parsed.ok) return sendPage(reply, 422, newUserPage(viewOf(request), formValuesFrom(fields), parsed.errors))
     try {
       const { user } = await createUser(deps, request.principal!, requestContext(request), parsed.value)
@@ -246,7 +246,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
     const original = originalValuesFrom(fields)
     // Shown again, the form keeps the version and values it was read at, so a concurrent change is still caught.
     const again = { values, original, formVersion: Number(ifMatch.slice(1, -1)) }
-    const parsed = parsePatch(fields)
+    const parsed = parsePatch(fields, deps.passwordPolicy)
     if (!parsed.ok) return await renderUser(request, reply, 422, id, { ...again, errors: parsed.errors })
     if (Object.keys(parsed.value).length === 0) return await seeOther(reply, `${admin}/users/${id}?done=unchanged`)
     try {
