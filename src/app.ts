@@ -22,9 +22,11 @@ import type { Config } from './config.ts'
 import { createDb, isPostgres, type Db } from './db/database.ts'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
 import { migrateToLatest } from './db/migrate.ts'
-import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
+import { answerClientError, answerFrameworkError, AppError, registerErrorHandling, type FieldError } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
+import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
+import { jsonParserWithPosition } from './lib/json-body.ts'
 import { isCredentialParam, queryParamName } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
@@ -73,6 +75,11 @@ declare module 'fastify' {
     legacy?: boolean
     /** Media types the body may have; others get 415 before the body is read. */
     accepts?: string[]
+    /**
+     * Rules beyond the body's schema (a password's), asked when the body does
+     * not match it, so that one 422 lists every problem (errors.ts).
+     */
+    bodyRules?: (body: unknown) => FieldError[]
   }
 }
 
@@ -99,7 +106,7 @@ const buildValidators: BuildCompilerFromPool = (externalSchemas) => {
   let coercing: Compile | undefined
   return ((route: RouteDefinition) => lazyValidator(() => route.httpPart === 'body'
     ? (exact ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: false } }))(route)
-    : (coercing ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } }))(route))) as ReturnType<BuildCompilerFromPool>
+    : decimalNumbersOnly((coercing ??= ajvCompilers(externalSchemas, { customOptions: { ...AJV_OPTIONS, coerceTypes: 'array' } }))(route)))) as ReturnType<BuildCompilerFromPool>
 }
 const serializerSelector = SerializerSelector()
 /**
@@ -268,7 +275,11 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
     })
   })
-  app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, app.getDefaultJsonParser('error', 'error'))
+  // Fastify's own JSON parsing, with syntax errors that say where (lib/json-body.ts).
+  const parseJson = jsonParserWithPosition(app)
+  app.removeContentTypeParser('application/json')
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, parseJson)
+  app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, parseJson)
   // After multipart's own preValidation hook, which is where a multipart body is parsed.
   app.addHook('preValidation', rejectNulBytes)
 
@@ -403,10 +414,15 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
     routePrefix: `${config.basePath}/docs`,
     uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false },
     staticCSP: true,
+    // For browsers that do not read frame-ancestors (below).
+    uiHooks: { onRequest: (_request, reply, done) => { reply.header('X-Frame-Options', 'DENY'); done() } },
     // Everything is served from here, so nothing needs other https: origins; and
     // upgrade-insecure-requests would blank the page for anyone reaching the
-    // service over plain HTTP by a name other than localhost.
+    // service over plain HTTP by a name other than localhost. Never framed, not
+    // even by this origin, like every other page (a framed Authorize dialog
+    // is a clickjacking target).
     transformStaticCSP: (header) => header
+      .replace("frame-ancestors 'self'", "frame-ancestors 'none'")
       .replace(/\s*upgrade-insecure-requests;/, '')
       .replace(' https: data:;', ' data:;')
       .replace(' validator.swagger.io', '')

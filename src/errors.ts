@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { STATUS_CODES, type ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
-import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 
 /**
  * The stable error codes of the API. Clients branch on these; never rename one.
@@ -131,6 +131,19 @@ const VALIDATION_PART: Record<string, string> = { body: 'body', querystring: 'qu
 
 interface AjvIssue { instancePath: string, keyword: string, message?: string, params: Record<string, unknown> }
 
+/** Patterns a person should not have to read as regular expressions, in words; see patternInWords. */
+const PATTERN_WORDS = new Map<string, string>()
+
+/**
+ * Names a schema pattern in words: a value that does not match it is then
+ * reported as "must be <words>" rather than with the regular expression.
+ * Returns the pattern, for use in the schema.
+ */
+export function patternInWords (pattern: string, words: string): string {
+  PATTERN_WORDS.set(pattern, words)
+  return pattern
+}
+
 function fieldErrorsFrom (error: FastifyError): FieldError[] {
   const part = VALIDATION_PART[error.validationContext ?? 'body'] ?? 'body'
   return ((error.validation ?? []) as AjvIssue[]).map(issue => {
@@ -143,6 +156,8 @@ function fieldErrorsFrom (error: FastifyError): FieldError[] {
     } else if (issue.keyword === 'required') {
       pointer = `${pointer}/${escapePointer(String(issue.params.missingProperty))}`
       detail = 'is required'
+    } else if (issue.keyword === 'pattern' && PATTERN_WORDS.has(String(issue.params.pattern))) {
+      detail = `must be ${PATTERN_WORDS.get(String(issue.params.pattern))!}`
     }
     return { in: part, pointer, detail }
   })
@@ -164,9 +179,9 @@ const FASTIFY_ERRORS: Record<string, [ErrorCode, number, string]> = {
   FST_ERR_CTP_INVALID_JSON_BODY: ['malformed_body', 400, 'The body is not valid JSON.'],
   FST_INVALID_MULTIPART_CONTENT_TYPE: ['unsupported_media_type', 415, 'The body is not multipart.'],
   FST_REQ_FILE_TOO_LARGE: ['payload_too_large', 413, 'An uploaded part is larger than this service accepts.'],
-  FST_PARTS_LIMIT: ['payload_too_large', 413, 'The form has more parts than this service accepts.'],
+  FST_PARTS_LIMIT: ['payload_too_large', 413, 'The form has more parts than this service accepts (at most 50).'],
   FST_FILES_LIMIT: ['validation_failed', 422, 'File uploads are not accepted; send form fields only.'],
-  FST_FIELDS_LIMIT: ['payload_too_large', 413, 'The form has more fields than this service accepts.'],
+  FST_FIELDS_LIMIT: ['payload_too_large', 413, 'The form has more fields than this service accepts (at most 50).'],
   FST_PROTO_VIOLATION: ['malformed_body', 400, 'The body contains a forbidden property name.'],
   FST_ERR_BAD_URL: ['route_not_found', 404, 'The URL could not be decoded.'],
   FST_ERR_ASYNC_CONSTRAINT: ['internal_error', 500, 'Something went wrong on our side. The request id identifies it in our logs.']
@@ -277,15 +292,54 @@ function withContentTypeHint (appError: AppError, request: FastifyRequest): AppE
   return new AppError(appError.code, appError.status, detail, { cause: appError.cause, errors: appError.errors, headers: appError.headers, extensions: appError.extensions })
 }
 
+/**
+ * Logs a 5xx answer under the request's id. A 503 is a condition the service
+ * expects and names (too many hashes waiting, the database, Redis, LDAP or an
+ * identity provider unavailable): a warning for operators, with its cause.
+ * Anything else is a fault in gatehouse and logged as an error.
+ */
+export function logFailure (log: FastifyBaseLogger, appError: AppError | undefined, cause: unknown): void {
+  if (appError !== undefined && appError.status < 500) return
+  if (appError?.status === 503) {
+    log.warn({ err: cause, code: appError.code }, 'request refused: a dependency is unavailable or the service is busy')
+  } else {
+    log.error({ err: cause, code: appError?.code ?? 'internal_error' }, 'request failed')
+  }
+}
+
+/**
+ * A body that does not match its schema is also checked against the route's
+ * other rules (`bodyRules`, a password's), so the 422 lists all its problems
+ * at once instead of the rest only after the schema's are fixed. A value the
+ * schema already reported is not reported twice.
+ */
+function withBodyRules (appError: AppError, error: unknown, request: FastifyRequest): AppError {
+  const rules = request.routeOptions.config.bodyRules
+  if (rules === undefined || appError.code !== 'validation_failed' || (error as FastifyError | null)?.validationContext !== 'body') return appError
+  const reported = new Set((appError.errors ?? []).map(e => e.pointer))
+  const more = rules(request.body).filter(e => !reported.has(e.pointer))
+  if (more.length === 0) return appError
+  return new AppError(appError.code, appError.status, appError.detail, { cause: appError.cause, errors: [...(appError.errors ?? []), ...more], headers: appError.headers, extensions: appError.extensions })
+}
+
+/** A body over the limit: say the limit of this operation, and what raises it. */
+function withBodyLimit (appError: AppError, error: unknown, request: FastifyRequest): AppError {
+  if ((error as FastifyError | null)?.code !== 'FST_ERR_CTP_BODY_TOO_LARGE') return appError
+  const limit = request.routeOptions.bodyLimit
+  return new AppError(appError.code, appError.status,
+    `The request body is larger than this operation accepts: at most ${limit} bytes. An operator can raise the limit with BODY_LIMIT_BYTES.`,
+    { cause: appError.cause, headers: appError.headers })
+}
+
 export function registerErrorHandling (app: FastifyInstance): void {
   app.setErrorHandler((error: unknown, request: FastifyRequest, reply: FastifyReply) => {
     if (isClientAbort(error, request)) {
       request.log.info({ err: error }, 'client closed the connection before sending the whole request')
       return sendProblem(reply, new AppError('malformed_body', 400, 'The request ended before its body was complete.', { cause: error }))
     }
-    const appError = withContentTypeHint(toAppError(error), request)
+    const appError = withBodyLimit(withContentTypeHint(withBodyRules(toAppError(error), error, request), request), error, request)
     if (appError.status >= 500) {
-      request.log.error({ err: appError.cause ?? error, code: appError.code }, 'request failed')
+      logFailure(request.log, appError, appError.cause ?? error)
     } else if (appError.cause !== undefined && appError.code === 'conflict') {
       request.log.warn({ err: appError.cause }, 'constraint violation')
     }
@@ -330,7 +384,7 @@ export function answerFrameworkError (error: FastifyError, request: FastifyReque
       errors: [{ in: 'path', pointer: '', detail: 'a path parameter is longer than this service accepts' }]
     })
     : toAppError(error)
-  if (appError.status >= 500) request.log.error({ err: error }, 'request failed')
+  logFailure(request.log, appError, error)
   reply.headers({ ...STANDING_HEADERS, 'X-Request-Id': request.id })
   sendProblem(reply, appError)
   request.log.info({ req: request, res: reply }, 'request completed')

@@ -113,6 +113,16 @@ for (const dialect of dialects()) {
       assert.equal(bundle.statusCode, 200)
     })
 
+    it('lets no page frame the docs, not even one of its own origin', async () => {
+      for (const url of ['/auth/docs', '/auth/docs/', '/auth/docs/static/index.html']) {
+        const res = await t.app.inject({ url })
+        const csp = String(res.headers['content-security-policy'])
+        assert.match(csp, /frame-ancestors 'none'/, url)
+        assert.doesNotMatch(csp, /frame-ancestors[^;]*'self'/, url)
+        assert.equal(res.headers['x-frame-options'], 'DENY', url)
+      }
+    })
+
     it('exposes Prometheus metrics labelled by route pattern, not by concrete URL', async () => {
       await t.app.inject({ url: '/auth/api/users/01900000-0000-7000-8000-000000000000', headers: auth(t.adminKey) })
       const res = await t.app.inject({ url: '/auth/metrics' })

@@ -168,6 +168,9 @@ for (const dialect of dialects()) {
       assert.match(res.body, /id="email"[^>]*aria-invalid="true"/)
       assert.match(res.body, /value="Kept"/)
       assert.doesNotMatch(res.body, /value="short"/, 'a typed password is never sent back')
+      // The password's rule is shown with the other problems, not only once they are fixed.
+      assert.match(res.body, /id="password"[^>]*aria-invalid="true"/)
+      assert.match(res.body, /The password must have at least 8 characters/)
       const taken = await post(t, admin.cookie, '/auth/admin/users', { username: admin.username.toUpperCase() })
       assert.equal(taken.statusCode, 409)
       assert.match(taken.body, /already exists/)

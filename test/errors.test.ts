@@ -17,6 +17,14 @@ function assertProblem (res: { statusCode: number, headers: Record<string, unkno
   for (const key of PROBLEM_KEYS) assert.ok(key in body, `problem lacks ${key}`)
 }
 
+/** An expected 503 is logged once for its request, as a warning with its code: never at error level. */
+function assertLoggedAsWarning (logLines: string[], requestId: string, code: string): void {
+  const entries = logLines.map(line => JSON.parse(line) as { level: number, reqId?: string, code?: string })
+    .filter(entry => entry.reqId === requestId)
+  assert.ok(entries.some(entry => entry.level === 40 && entry.code === code), JSON.stringify(entries))
+  assert.ok(entries.every(entry => entry.level < 50), JSON.stringify(entries))
+}
+
 for (const dialect of dialects()) {
   describe(`errors are problem+json (${dialect.name})`, () => {
     const t = useTestApp(dialect, { bodyLimitBytes: 4096 })
@@ -40,20 +48,57 @@ for (const dialect of dialects()) {
       assert.equal(item.headers.allow, 'GET, HEAD, PATCH, DELETE')
     })
 
-    it('answers malformed JSON with 400 malformed_body', async () => {
-      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username": ' })
-      assertProblem(res, 400, 'malformed_body')
+    it('answers malformed JSON with 400 malformed_body saying where, without quoting the body', async () => {
+      // Parsing comes before any look-up, so a PATCH of a user nobody has is enough for merge-patch.
+      const post = async (type: string, payload: string) => await t.app.inject({
+        method: type === 'application/json' ? 'POST' : 'PATCH',
+        url: type === 'application/json' ? '/auth/api/users' : '/auth/api/users/01900000-0000-7000-8000-000000000000',
+        headers: { ...auth(t.adminKey), 'content-type': type },
+        payload
+      })
+      const cases: Array<[string, string, RegExp]> = [
+        ['application/json', '{"username": ', /ends early \(line 1, column 14\)/],
+        // V8's own message for this one names no position, and quotes the body.
+        ['application/json', '{\n  "username": "ada",\n  "password": hunter2-secret\n}', /at line 3, column 15 \(character 38\)/],
+        ['application/json', '{"username": "ada",}', /at line 1, column 20 \(character 20\)/],
+        ['application/merge-patch+json', '{"username": "ada" "password": "x"}', /at line 1, column 20 \(character 20\)/]
+      ]
+      for (const [type, payload, where] of cases) {
+        const res = await post(type, payload)
+        assertProblem(res, 400, 'malformed_body')
+        assert.match(res.json().detail, where, payload)
+        assert.ok(!res.body.includes('hunter2') && !res.body.includes('ada'), res.body)
+      }
     })
 
-    it('refuses prototype poisoning with 400', async () => {
+    it('refuses prototype poisoning with 400, naming the forbidden property', async () => {
       const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/json' }, payload: '{"username":"x","__proto__":{"role":"admin"}}' })
       assertProblem(res, 400, 'malformed_body')
+      assert.match(res.json().detail, /forbidden property name \(__proto__ or constructor\)/)
       assert.equal(({} as Record<string, unknown>).role, undefined)
     })
 
-    it('answers an oversize body with 413 payload_too_large', async () => {
+    it('answers an oversize body with 413 payload_too_large, stating the limit in bytes and the setting that raises it', async () => {
       const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), first_name: 'x'.repeat(5000) } })
       assertProblem(res, 413, 'payload_too_large')
+      assert.match(res.json().detail, /at most 4096 bytes\b.*BODY_LIMIT_BYTES/)
+      const form = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'content-type': 'application/x-www-form-urlencoded' }, payload: `username=${'x'.repeat(5000)}` })
+      assertProblem(form, 413, 'payload_too_large')
+      assert.match(form.json().detail, /at most 4096 bytes\b/)
+      // Import has a larger limit of its own (4 MiB, or BODY_LIMIT_BYTES if that is larger): the answer says that one.
+      const bulk = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users: [{ username: uniqueName(), first_name: 'x'.repeat(4 * 1024 * 1024) }] } })
+      assertProblem(bulk, 413, 'payload_too_large')
+      assert.match(bulk.json().detail, /at most 4194304 bytes\b/)
+    })
+
+    it('says in words what a username may be, as the console does, instead of a regular expression', async () => {
+      for (const username of ['bad name', 'naïve', 'x'.repeat(65)]) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username } })
+        assertProblem(res, 422, 'validation_failed')
+        const errors = res.json().errors as Array<{ pointer: string, detail: string }>
+        assert.ok(errors.some(e => e.pointer === '/username' && e.detail === 'must be 1 to 64 characters: letters, digits, and . _ @ -'), res.body)
+        assert.ok(!res.body.includes('[A-Za-z'), res.body)
+      }
     })
 
     it('answers an unsupported media type with 415', async () => {
@@ -84,12 +129,14 @@ for (const dialect of dialects()) {
 describe('database unreachable', () => {
   it('answers 503 database_unavailable with Retry-After; readyz is 503 and healthz stays 200', async () => {
     // Nothing listens on port 1: every connection is refused at once.
-    const config = defaultConfig({ databaseUrl: 'postgres://postgres@127.0.0.1:1/none', logLevel: 'silent' })
-    const app = await buildApp({ config, migrate: false, logger: false })
+    const config = defaultConfig({ databaseUrl: 'postgres://postgres@127.0.0.1:1/none', logLevel: 'info' })
+    const logLines: string[] = []
+    const app = await buildApp({ config, migrate: false, logStream: { write: (line: string) => { logLines.push(line) } } })
     try {
       const res = await app.inject({ url: '/auth/api/users', headers: { 'x-api-key': 'gatehouse_' + 'a'.repeat(43) } })
       assertProblem(res, 503, 'database_unavailable')
       assert.equal(res.headers['retry-after'], '5')
+      assertLoggedAsWarning(logLines, res.json().request_id, 'database_unavailable')
       assert.ok(!/ECONNREFUSED|127\.0\.0\.1|pg/.test(res.body), 'no driver detail leaks')
       const ready = await app.inject({ url: '/auth/readyz' })
       assert.equal(ready.statusCode, 503)
@@ -103,7 +150,8 @@ describe('database unreachable', () => {
 
 describe('password hashing limits', () => {
   for (const dialect of dialects().slice(0, 1)) {
-    const t = useTestApp(dialect, { hashConcurrency: 1, hashQueueLimit: 0 })
+    const logLines: string[] = []
+    const t = useTestApp(dialect, { hashConcurrency: 1, hashQueueLimit: 0 }, { write: (line: string) => { logLines.push(line) } })
 
     it('hashes when idle even with no queue, and answers 503 server_busy with Retry-After once saturated', async () => {
       const create = async () => await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: 'correct horse battery staple' } })
@@ -115,6 +163,7 @@ describe('password hashing limits', () => {
       assert.ok(busy, statuses.join())
       assert.equal(busy.json().code, 'server_busy')
       assert.equal(busy.headers['retry-after'], '1')
+      assertLoggedAsWarning(logLines, busy.json().request_id, 'server_busy')
     })
   }
 })

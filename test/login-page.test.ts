@@ -76,7 +76,8 @@ for (const dialect of dialects()) {
       const onward = await t.app.inject({ url: '/auth/login?next=/pipelines%3Ftab%3Druns%26a%3D%3Cb%3E', headers: { cookie } })
       assert.equal(onward.statusCode, 200)
       assert.match(onward.body, /<dd id="role">user<\/dd>/)
-      assert.match(onward.body, /<a href="\/pipelines\?tab=runs&#38;a=&#60;b&#62;">Continue<\/a>/)
+      // `<` and `>` are percent-encoded like any character a URL does not carry as it is; `&` is escaped for HTML.
+      assert.match(onward.body, /<a href="\/pipelines\?tab=runs&#38;a=%3Cb%3E">Continue<\/a>/)
       for (const next of ['//evil.example/', 'https://evil.example/', 'javascript:alert(1)']) {
         const res = await t.app.inject({ url: `/auth/login?next=${encodeURIComponent(next)}`, headers: { cookie } })
         assert.equal(res.statusCode, 200)
@@ -96,6 +97,24 @@ for (const dialect of dialects()) {
       assert.ok(!page.body.includes(user.username))
       const forged = await t.app.inject({ url: '/auth/login', headers: { cookie: 'gatehouse_session=gatehouse_session_forged' } })
       assert.match(forged.body, /<h1>Sign in<\/h1>/)
+    })
+
+    it('percent-encodes a next holding characters beyond Latin-1, keeps it on this origin, and signs the user in', async () => {
+      const user = await createUser(t)
+      for (const [next, location] of [
+        ['/\u3002evil.example', '/%E3%80%82evil.example'],
+        ['/\u202E', '/%E2%80%AE'],
+        ['/reports?owner=Zoë&q=a b', '/reports?owner=Zo%C3%AB&q=a%20b'],
+        // Already encoded (the form carries next back in a hidden field): kept as it is.
+        ['/%E3%80%82evil.example', '/%E3%80%82evil.example']
+      ] as const) {
+        const res = await signInForm(t, { username: user.username, password: GOOD_PASSWORD, next })
+        assert.equal(res.statusCode, 303, `${next}: ${res.body}`)
+        assert.equal(res.headers.location, location, next)
+        assert.equal(new URL(location, ORIGIN).origin, new URL(ORIGIN).origin, next)
+        const page = await t.app.inject({ url: '/auth/login', headers: { cookie: cookieOf(res) } })
+        assert.ok(page.body.includes(user.username), `${next}: the session works`)
+      }
     })
 
     it('falls back to the signed-in page, never to another origin, for an unusable next', async () => {

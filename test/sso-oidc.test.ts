@@ -332,6 +332,18 @@ for (const dialect of dialects()) {
       }
     })
 
+    it('percent-encodes a next holding characters beyond Latin-1 after the callback, and signs the user in', async () => {
+      const sub = account(op, { preferred_username: uniqueName('nx') })
+      for (const [next, location] of [['/\u3002evil.example', '/%E3%80%82evil.example'], ['/\u202E', '/%E2%80%AE']] as const) {
+        const { res } = await ssoSignIn(t, op, 'open', sub, next)
+        assert.equal(res.statusCode, 303, `${next}: ${res.body}`)
+        assert.equal(res.headers.location, location, next)
+        const token = sessionCookie(res)
+        assert.ok(token !== undefined, `${next}: the session cookie is set`)
+        assert.equal((await me(t, token)).username.startsWith('nx'), true)
+      }
+    })
+
     it('lets an admin list and unlink a user\'s identities, with an event; the next sign-in is a first one again', async () => {
       const email = `${randomBytes(4).toString('hex')}@example.com`
       const user = await createUser(t, { email })

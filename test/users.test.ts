@@ -127,6 +127,42 @@ for (const dialect of dialects()) {
       assert.equal((await post({ username, password: 'correct horse battery staple' })).statusCode, 201)
     })
 
+    it('reports a broken password rule in the same 422 as the schema\'s problems, on create and update', async () => {
+      const pointersOf = (res: LightMyRequestResponse): Record<string, string> => {
+        assert.equal(res.statusCode, 422, res.body)
+        assert.equal(res.json().code, 'validation_failed')
+        return Object.fromEntries((res.json().errors as Array<{ pointer: string, detail: string }>).map(e => [e.pointer, e.detail]))
+      }
+      const username = uniqueName('grace')
+      const tooShort = pointersOf(await post({ username, email: 'not-an-address', password: 'short' }))
+      assert.equal(tooShort['/email'], 'must match format "email"')
+      assert.equal(tooShort['/password'], 'is shorter than 8 characters')
+      const named = pointersOf(await post({ username, email: 'not-an-address', password: `${username}-and-more` }))
+      assert.equal(named['/password'], 'contains the username')
+      const form = pointersOf(await t.app.inject({
+        method: 'POST',
+        url: '/auth/api/users',
+        headers: { ...auth(t.adminKey), 'content-type': 'application/x-www-form-urlencoded' },
+        payload: new URLSearchParams({ username: 'no spaces', password: 'password' }).toString()
+      }))
+      assert.ok(form['/username'] !== undefined && form['/password'] === 'is a commonly used password', JSON.stringify(form))
+
+      const created = (await post({ username: uniqueName() })).json()
+      const patch = pointersOf(await t.app.inject({
+        method: 'PATCH',
+        url: `/auth/api/users/${created.id}`,
+        headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' },
+        payload: JSON.stringify({ role: 'owner', password: 'short' })
+      }))
+      assert.ok(patch['/role'] !== undefined && patch['/password'] === 'is shorter than 8 characters', JSON.stringify(patch))
+      // A password the schema itself refuses is reported once, by the schema.
+      const untyped = await post({ username: uniqueName(), email: 'not-an-address', password: 12345 })
+      assert.deepEqual((untyped.json().errors as Array<{ pointer: string }>).filter(e => e.pointer === '/password').length, 1)
+      // Nothing was created by any of these.
+      const found = await t.app.inject({ url: `/auth/api/users?username=${username}`, headers: auth(t.adminKey) })
+      assert.deepEqual(found.json(), [])
+    })
+
     it('rejects a duplicate username ignoring case with 409 username_taken', async () => {
       const username = uniqueName('Case')
       assert.equal((await post({ username })).statusCode, 201)

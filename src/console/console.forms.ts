@@ -2,6 +2,7 @@ import { Ajv, type ErrorObject } from 'ajv'
 import addFormats from 'ajv-formats'
 import { AppError } from '../errors.ts'
 import { lazyValidator } from '../lib/lazy-compile.ts'
+import { passwordViolation, type PasswordPolicy } from '../lib/password-policy.ts'
 import { SCOPES, type Scope } from '../auth/principal.ts'
 import { ApiKeyCreate } from '../api-keys/api-keys.schemas.ts'
 import { ListEventsQuery } from '../events/events.schemas.ts'
@@ -154,8 +155,18 @@ export function changedFields (a: UserFormValues, b: UserFormValues): FormField[
   return FORM_FIELDS.filter(field => comparable(field, a) !== comparable(field, b))
 }
 
+/**
+ * The form's other problems, with the password's (which the service would
+ * only report once they are fixed): all shown at once, as the API reports them.
+ */
+function withPasswordRule (errors: FieldErrors, password: string, username: string, policy: PasswordPolicy): FieldErrors {
+  if (password === '' || errors.password !== undefined) return errors
+  const broken = passwordViolation(password, username === '' ? undefined : username, policy)
+  return broken === undefined ? errors : { ...errors, password: broken.detail.replace(/\.$/, '') }
+}
+
 /** A new user from the create form; empty optional fields are left out, so the API's defaults apply. */
-export function parseCreate (fields: Fields): Parsed<UserCreate> {
+export function parseCreate (fields: Fields, policy: PasswordPolicy): Parsed<UserCreate> {
   const values = formValuesFrom(fields)
   const password = text(fields, 'password')
   const input: Record<string, unknown> = { username: values.username, role: text(fields, 'role') || 'user', groups: parseGroups(values.groups), disabled: values.disabled }
@@ -163,7 +174,7 @@ export function parseCreate (fields: Fields): Parsed<UserCreate> {
   if (values.first_name !== '') input.first_name = values.first_name
   if (values.last_name !== '') input.last_name = values.last_name
   if (password !== '') input.password = password
-  return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: fieldErrors(checkCreate.errors) }
+  return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: withPasswordRule(fieldErrors(checkCreate.errors), password, values.username, policy) }
 }
 
 /**
@@ -171,7 +182,7 @@ export function parseCreate (fields: Fields): Parsed<UserCreate> {
  * version they read: an emptied field clears it, an empty password leaves the
  * password alone.
  */
-export function parsePatch (fields: Fields): Parsed<UserPatch> {
+export function parsePatch (fields: Fields, policy: PasswordPolicy): Parsed<UserPatch> {
   const values = formValuesFrom(fields)
   const original = originalValuesFrom(fields)
   const password = text(fields, 'password')
@@ -185,7 +196,7 @@ export function parsePatch (fields: Fields): Parsed<UserPatch> {
     disabled: values.disabled
   }
   if (password !== '') patch.password = password
-  if (!checkPatch(patch)) return { ok: false, errors: fieldErrors(checkPatch.errors) }
+  if (!checkPatch(patch)) return { ok: false, errors: withPasswordRule(fieldErrors(checkPatch.errors), password, values.username, policy) }
   // Only what the admin changed goes into the merge patch, so fields they did not touch are never written back.
   if (original !== undefined) {
     const changed = new Set<string>(changedFields(values, original))

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../app.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
-import { AppError, mapDatabaseError } from '../errors.ts'
+import { AppError, logFailure, mapDatabaseError } from '../errors.ts'
 import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
 import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage } from '../events/events.service.ts'
@@ -137,7 +137,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
       : mapDatabaseError(error) ?? ((error as { validation?: unknown }).validation !== undefined
         ? new AppError('validation_failed', 422, 'This address is not one the console knows (an id or parameter is not valid).')
         : undefined)
-    if (appError === undefined || appError.status >= 500) request.log.error({ err: error }, 'console request failed')
+    logFailure(request.log, appError, error)
     const status = appError?.status ?? 500
     const message = appError?.detail ?? `Something went wrong on our side. Quote request id ${request.id} when reporting it.`
     for (const [name, value] of Object.entries(appError?.headers ?? {})) reply.header(name, value)
@@ -210,7 +210,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
 
   app.post('/admin/users', { schema: hidden, ...formPost }, async (request, reply) => {
     const fields = (request.body ?? {}) as Fields
-    const parsed = parseCreate(fields)
+    const parsed = parseCreate(fields, deps.passwordPolicy)
     if (!parsed.ok) return sendPage(reply, 422, newUserPage(viewOf(request), formValuesFrom(fields), parsed.errors))
     try {
       const { user } = await createUser(deps, request.principal!, requestContext(request), parsed.value)
@@ -246,7 +246,7 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
     const original = originalValuesFrom(fields)
     // Shown again, the form keeps the version and values it was read at, so a concurrent change is still caught.
     const again = { values, original, formVersion: Number(ifMatch.slice(1, -1)) }
-    const parsed = parsePatch(fields)
+    const parsed = parsePatch(fields, deps.passwordPolicy)
     if (!parsed.ok) return await renderUser(request, reply, 422, id, { ...again, errors: parsed.errors })
     if (Object.keys(parsed.value).length === 0) return await seeOther(reply, `${admin}/users/${id}?done=unchanged`)
     try {

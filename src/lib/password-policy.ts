@@ -33,17 +33,28 @@ function violation (code: 'password_too_short' | 'password_too_long' | 'password
  * exactly as given (no trimming or normalization).
  */
 export function checkPasswordPolicy (password: string, username: string, policy: PasswordPolicy, field = '/password'): void {
+  const broken = passwordViolation(password, username, policy, field)
+  if (broken !== undefined) throw broken
+}
+
+/**
+ * The first rule of checkPasswordPolicy the password breaks, or undefined.
+ * Without a username (a change that leaves it as stored), that rule is not
+ * checked here; the service checks it against the stored one.
+ */
+export function passwordViolation (password: string, username: string | undefined, policy: PasswordPolicy, field = '/password'): AppError | undefined {
   const length = [...password].length
   if (length < policy.minLength) {
-    throw violation('password_too_short', `The password must have at least ${policy.minLength} characters.`, field, `is shorter than ${policy.minLength} characters`)
+    return violation('password_too_short', `The password must have at least ${policy.minLength} characters.`, field, `is shorter than ${policy.minLength} characters`)
   }
   if (length > policy.maxLength) {
-    throw violation('password_too_long', `The password must have at most ${policy.maxLength} characters.`, field, `is longer than ${policy.maxLength} characters`)
+    return violation('password_too_long', `The password must have at most ${policy.maxLength} characters.`, field, `is longer than ${policy.maxLength} characters`)
   }
-  if (password.toLowerCase().includes(username.toLowerCase())) {
-    throw violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
+  if (username !== undefined && username !== '' && password.toLowerCase().includes(username.toLowerCase())) {
+    return violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
   }
   if (commonPasswords().has(password.toLowerCase())) {
-    throw violation('password_too_common', 'That password is on a list of commonly used passwords; choose another.', field, 'is a commonly used password')
+    return violation('password_too_common', 'That password is on a list of commonly used passwords; choose another.', field, 'is a commonly used password')
   }
+  return undefined
 }

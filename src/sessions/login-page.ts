@@ -2,10 +2,10 @@ import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../app.ts'
 import type { PrincipalUser } from '../auth/principal.ts'
-import { isSameOriginPath } from '../config.ts'
 import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
+import { sameOriginRedirect } from '../lib/redirect.ts'
 import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './sessions.routes.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
@@ -25,13 +25,12 @@ const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
 const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
 
 /**
- * The `next` a sign-in link gave, if it is a path on this origin. Anything else
- * (another host, `//host`, `/\host`, a scheme, control characters) counts as no
- * `next` at all, so the page can never be used as an open redirect.
+ * The `next` a sign-in link gave, if it is a path on this origin, percent-encoded
+ * for a `Location` header. Anything else (another host, `//host`, `/\host`, a
+ * scheme, control characters) counts as no `next` at all, so the page can never
+ * be used as an open redirect.
  */
-export function safeNext (next: unknown): string | undefined {
-  return typeof next === 'string' && isSameOriginPath(next) ? next : undefined
-}
+export const safeNext = sameOriginRedirect
 
 function passwordFormHtml (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
   return `<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>

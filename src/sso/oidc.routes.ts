@@ -48,7 +48,8 @@ function refusalPage (basePath: string, message: string, next: string | undefine
 
 export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): Promise<void> {
   const basePath = app.config.basePath
-  const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
+  // Through safeNext again: a sign-in started before an upgrade kept its `next` as given, unencoded.
+  const afterSignIn = (next: string | undefined): string => safeNext(next) ?? app.config.loginDefaultNext ?? `${basePath}/login`
   /** The redirect URI: the same at the start and at the callback, and what the provider has registered. */
   const redirectUri = (request: FastifyRequest, providerId: string): string =>
     `${app.config.oidcRedirectOrigin ?? `${request.protocol}://${request.host}`}${basePath}/sso/${providerId}/callback`

@@ -26,6 +26,7 @@ import {
   getUser,
   importUsers,
   listUsersPage,
+  passwordRuleErrors,
   streamUsersJson,
   unlockUser,
   updateUserById,
@@ -114,7 +115,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
           ...problems(401, 403, 409, 413, 415, 422, 503)
         }
       },
-      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES },
+      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES, bodyRules: (body) => passwordRuleErrors(body, deps.passwordPolicy) },
       preValidation: coerceForm
     }, async (request, reply) => {
       const { user, version } = await createUser(deps, request.principal!, requestContext(request), request.body)
@@ -178,7 +179,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         body: ref(UserPatch),
         response: { 200: withHeaders({ ...UserRef, description: 'The updated user; `ETag` versions it.' }, 'ETag'), ...problems(401, 403, 404, 409, 412, 413, 415, 422, 503) }
       },
-      config: { scope: 'users:write', self: true, legacy: family.legacy, accepts: PATCH_TYPES }
+      config: { scope: 'users:write', self: true, legacy: family.legacy, accepts: PATCH_TYPES, bodyRules: (body) => passwordRuleErrors(body, deps.passwordPolicy) }
     }, async (request, reply) => {
       const { user, version } = await updateUserById(deps, request.principal!, requestContext(request), request.params.user_id, request.body, request.headers['if-match'])
       return await reply.header('ETag', etagOf(version)).send(user)

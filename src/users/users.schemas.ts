@@ -1,8 +1,9 @@
 import { Type, type Static, type TSchema } from 'typebox'
+import { patternInWords } from '../errors.ts'
 import { Nullable, ref, Timestamp, Uuid } from '../lib/openapi.ts'
 
 /** Letters, digits and . _ @ -; ASCII so case-folding means the same in every database and client. */
-export const USERNAME_PATTERN = '^[A-Za-z0-9._@-]{1,64}$'
+export const USERNAME_PATTERN = patternInWords('^[A-Za-z0-9._@-]{1,64}$', '1 to 64 characters: letters, digits, and . _ @ -')
 
 const Username = Type.String({
   minLength: 1,
@@ -55,11 +56,11 @@ function withExample<T extends TSchema> (schema: T, example: unknown): T {
 
 /**
  * What Swagger UI's Try it out starts from: an ordinary, enabled user (the
- * schema alone would make it offer the first role, `admin`, and `********`).
+ * schema alone would make it offer the first role, `admin`). No password: one
+ * printed in the public document is one someone will use.
  */
 const CREATE_EXAMPLE = {
   username: 'ada.lovelace',
-  password: 'plum orbit lantern seventeen',
   email: 'ada@example.com',
   first_name: 'Ada',
   last_name: 'Lovelace',
@@ -70,7 +71,7 @@ const CREATE_EXAMPLE = {
 
 export const UserCreate = Type.Object({
   username: Username,
-  password: Type.Optional(withExample(Password, CREATE_EXAMPLE.password)),
+  password: Type.Optional(Password),
   email: Type.Optional(Nullable(Email)),
   first_name: Type.Optional(withExample(Nullable(Name), CREATE_EXAMPLE.first_name)),
   last_name: Type.Optional(withExample(Nullable(Name), CREATE_EXAMPLE.last_name)),
@@ -82,7 +83,7 @@ export const UserCreate = Type.Object({
   $id: 'UserCreate',
   additionalProperties: false,
   description: 'A new user. Unknown and read-only fields (`id`, timestamps, `password_hash`) are rejected with 422. ' +
-    'Without a password the user exists but cannot sign in until one is set. The example\'s password is only an example: choose your own.',
+    'Without a password the user exists but cannot sign in until one is set (the example has none: add your own).',
   examples: [CREATE_EXAMPLE]
 })
 export type UserCreate = Static<typeof UserCreate>

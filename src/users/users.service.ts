@@ -1,11 +1,11 @@
 import { isPostgres, toBool, toIso, toStringArray, type Db } from '../db/database.ts'
-import { AppError, type ErrorCode } from '../errors.ts'
+import { AppError, type ErrorCode, type FieldError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.service.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import { checkImportedHash, type ImportedHashScheme, type PasswordHasher } from '../lib/passwords.ts'
-import { checkPasswordPolicy, type PasswordPolicy } from '../lib/password-policy.ts'
+import { checkPasswordPolicy, passwordViolation, type PasswordPolicy } from '../lib/password-policy.ts'
 import { revokeKeysRecorded } from '../api-keys/api-keys.service.ts'
 import { endSessionsRecorded } from '../sessions/sessions.service.ts'
 import {
@@ -332,6 +332,18 @@ function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void
   if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
     throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
   }
+}
+
+/**
+ * The password rules a create or update body breaks, as field errors: asked
+ * when the body does not match its schema, so the one 422 lists these too
+ * (docs/errors.md: all problems of a request are reported at once). A body
+ * that matches goes on to hashChecked, which applies the same rules.
+ */
+export function passwordRuleErrors (body: unknown, policy: PasswordPolicy): FieldError[] {
+  const { password, username } = (typeof body === 'object' && body !== null ? body : {}) as Record<string, unknown>
+  if (typeof password !== 'string') return []
+  return passwordViolation(password, typeof username === 'string' ? username : undefined, policy)?.errors ?? []
 }
 
 async function hashChecked (deps: UsersDeps, password: string, username: string): Promise<string> {
