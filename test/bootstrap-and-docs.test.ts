@@ -1,10 +1,13 @@
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { createServer } from 'node:net'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { describe, it } from 'node:test'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp } from './helpers.ts'
+import { freePort } from './ports.ts'
 import { bootstrap } from '../src/bootstrap.ts'
 
 for (const dialect of dialects()) {
@@ -157,6 +160,51 @@ describe('the README start command', () => {
     } finally {
       child.kill('SIGTERM')
       await new Promise(resolve => child.once('exit', resolve))
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
+describe('a first start that cannot listen', () => {
+  it('prints no key when the port is busy, and the next start issues one that works', { timeout: 60_000 }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'gatehouse-busy-'))
+    const port = await freePort()
+    const occupier = createServer()
+    occupier.listen(port, '127.0.0.1')
+    await once(occupier, 'listening')
+    const start = (): { output: () => string, child: ReturnType<typeof spawn> } => {
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+        cwd: process.cwd(),
+        env: { ...process.env, HOST: '127.0.0.1', PORT: String(port), DATABASE_URL: `sqlite:${join(dir, 'gatehouse.db')}`, LOG_LEVEL: 'warn' },
+        stdio: ['ignore', 'pipe', 'pipe']
+      })
+      let out = ''
+      child.stdout!.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      child.stderr!.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      return { output: () => out, child }
+    }
+    let second: ReturnType<typeof start> | undefined
+    try {
+      const first = start()
+      const [code] = await once(first.child, 'exit') as [number]
+      assert.equal(code, 1, first.output())
+      assert.equal(first.output().trim(), `gatehouse: port ${port} on 127.0.0.1 is in use; set PORT to a free port, or stop the process that holds it`)
+
+      occupier.close()
+      await once(occupier, 'close')
+      second = start()
+      const deadline = Date.now() + 30_000
+      while (!second.output().includes('click Authorize') && Date.now() < deadline && second.child.exitCode === null) await new Promise(resolve => setTimeout(resolve, 100))
+      const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(second.output())?.[1]
+      assert.ok(key, second.output())
+      const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { authorization: `Bearer ${key}` } })
+      assert.equal(res.status, 200)
+    } finally {
+      occupier.close()
+      if (second !== undefined && second.child.exitCode === null) {
+        second.child.kill('SIGTERM')
+        await once(second.child, 'exit')
+      }
       rmSync(dir, { recursive: true, force: true })
     }
   })
