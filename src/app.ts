@@ -51,6 +51,8 @@ import { SSO_SCHEMAS } from './sso/oidc.schemas.ts'
 import oidcRoutes from './sso/oidc.routes.ts'
 import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
 import consoleRoutes from './console/console.routes.ts'
+import setupRoutes from './console/setup.ts'
+import landingRoutes from './system/landing.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { deviceKeyOf } from './sessions/device-trust.ts'
@@ -346,6 +348,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes)
+    await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(landingRoutes)
   }, { prefix: config.basePath })
 
   return app

@@ -104,7 +104,8 @@ async function noticeOnStderr (text: string): Promise<void> {
 function printGeneratedKey (key: string, base: string): void {
   process.stdout.write(
     `\nAdmin API key (shown once, store it now): ${key}\n` +
-    `Open ${base}/docs, click Authorize, paste this key.\n\n`
+    `Open ${base}/docs, click Authorize, paste this key.\n` +
+    `For the admin console, open ${base}/admin/setup, paste this key and choose the first admin's username and password.\n\n`
   )
 }
 

@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { describe, it } from 'node:test'
-import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp, type TestApp } from './helpers.ts'
 import { freePort } from './ports.ts'
 import { bootstrap } from '../src/bootstrap.ts'
 
@@ -50,6 +50,87 @@ for (const dialect of dialects()) {
 
     it('refuses a configured admin username the API would refuse, since the document promises every username has that form', async () => {
       await assert.rejects(createTestApp(dialect, { bootstrapAdminUsername: 'ada lovelace', bootstrapAdminPassword: GOOD_PASSWORD }), /GATEHOUSE_ADMIN_USERNAME must be/)
+    })
+  })
+
+  describe(`the way into the console on a fresh deployment (${dialect.name})`, () => {
+    const ORIGIN = 'http://localhost:80'
+    const FORM = 'application/x-www-form-urlencoded'
+    const setup = async (t: TestApp, fields: Record<string, string>, headers: Record<string, string> = { origin: ORIGIN }) =>
+      await t.app.inject({ method: 'POST', url: '/auth/admin/setup', headers: { 'content-type': FORM, ...headers }, payload: new URLSearchParams(fields).toString() })
+
+    it('turns the printed admin key into the first admin user, signed in to the console, once', async () => {
+      const t = await createTestApp(dialect)
+      try {
+        const form = await t.app.inject({ url: '/auth/admin/setup' })
+        assert.equal(form.statusCode, 200)
+        assert.match(form.body, /name="api_key"/)
+        assert.match(form.headers['content-security-policy'] as string, /default-src 'none'/)
+
+        // Not from our own page: refused before anything else.
+        assert.equal((await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD }, { origin: 'https://evil.example' })).statusCode, 403)
+        const wrongKey = await setup(t, { api_key: 'gatehouse_not-a-key', username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(wrongKey.statusCode, 401)
+        assert.match(wrongKey.body, /not an admin API key/)
+        assert.ok(!wrongKey.body.includes(GOOD_PASSWORD))
+        const weak = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: 'short' })
+        assert.equal(weak.statusCode, 422)
+        assert.ok(!weak.body.includes(t.adminKey), 'the key is never shown back')
+        assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json().length, 0)
+
+        const done = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(done.statusCode, 303, done.body)
+        assert.equal(done.headers.location, '/auth/admin')
+        const cookie = done.cookies.map(c => `${c.name}=${c.value}`).join('; ')
+        const console = await t.app.inject({ url: '/auth/admin/users', headers: { cookie } })
+        assert.equal(console.statusCode, 200)
+        assert.match(console.body, /first\.admin/)
+        const [user] = (await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json()
+        assert.equal(user.role, 'admin')
+        const keyId = (await t.app.inject({ url: '/auth/api/api-keys', headers: auth(t.adminKey) })).json()[0].id
+        const created = (await t.app.inject({ url: '/auth/api/events?type=user.created', headers: auth(t.adminKey) })).json()
+        assert.deepEqual(created.map((e: { actor: { type: string, id: string } }) => [e.actor.type, e.actor.id]), [['api_key', keyId]])
+
+        // Set up: the page says to sign in, and the key opens nothing more.
+        const after = await t.app.inject({ url: '/auth/admin/setup' })
+        assert.equal(after.statusCode, 200)
+        assert.ok(!after.body.includes('name="api_key"'))
+        assert.match(after.body, /Sign in to the admin console/)
+        assert.equal((await setup(t, { api_key: t.adminKey, username: 'second.admin', password: GOOD_PASSWORD })).statusCode, 409)
+        assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json().length, 1)
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('counts wrong keys against the address like failed sign-ins', async () => {
+      const t = await createTestApp(dialect, { loginMaxFailuresPerAddress: 2 })
+      try {
+        for (let i = 0; i < 2; i++) assert.equal((await setup(t, { api_key: `gatehouse_wrong${i}`, username: 'first.admin', password: GOOD_PASSWORD })).statusCode, 401)
+        const refused = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(refused.statusCode, 429)
+        assert.ok(refused.headers['retry-after'])
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('answers /auth and /auth/ with a page naming the docs, the console and the sign-in page, and JSON links for other clients', async () => {
+      const t = await createTestApp(dialect)
+      try {
+        for (const url of ['/auth', '/auth/']) {
+          const page = await t.app.inject({ url, headers: { accept: 'text/html,application/xhtml+xml,*/*;q=0.8' } })
+          assert.equal(page.statusCode, 200, url)
+          assert.match(page.headers['content-type'] as string, /^text\/html/)
+          assert.match(page.headers['content-security-policy'] as string, /default-src 'none'/)
+          for (const link of ['/auth/docs', '/auth/admin', '/auth/login']) assert.match(page.body, new RegExp(`href="${link}"`), link)
+          const json = await t.app.inject({ url })
+          assert.equal(json.statusCode, 200)
+          assert.deepEqual(json.json().links, { docs: '/auth/docs', openapi: '/auth/openapi.json', console: '/auth/admin', login: '/auth/login' })
+        }
+      } finally {
+        await t.app.close()
+      }
     })
   })
 
@@ -154,6 +235,7 @@ describe('the README start command', () => {
       const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(out)?.[1]
       assert.ok(key, out)
       assert.match(out, new RegExp(`Open http://127\\.0\\.0\\.1:${port}/auth/docs, click Authorize, paste this key\\.`))
+      assert.match(out, new RegExp(`open http://127\\.0\\.0\\.1:${port}/auth/admin/setup, paste this key`))
       const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { 'x-api-key': key } })
       assert.equal(res.status, 200)
       assert.deepEqual(await res.json(), [])
