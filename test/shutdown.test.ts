@@ -91,13 +91,13 @@ async function startService (dialect: { name: string, url?: string }, dir: strin
 }
 
 /** Requests that each write a log line, from `workers` clients at once, until stopped. */
-function startLoad (service: Service, workers: number): { stop: () => Promise<void>, answered: () => number } {
+function startLoad (service: Service, workers: number, padding = 0): { stop: () => Promise<void>, answered: () => number } {
   const state = { running: true }
   let answered = 0
   const worker = async (): Promise<void> => {
     while (state.running) {
       try {
-        const res = await fetch(`${service.base}/api/users?limit=5`, { headers: { authorization: `Bearer ${service.key}` } })
+        const res = await fetch(`${service.base}/api/users?limit=5${padding > 0 ? `&pad=${'x'.repeat(padding)}` : ''}`, { headers: { authorization: `Bearer ${service.key}` } })
         await res.arrayBuffer()
         answered++
       } catch {
@@ -166,6 +166,24 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
         assert.equal(service.child.exitCode, 0, service.stderr())
         assert.match(service.stderr(), /log lines can no longer be written \(EPIPE\)/)
         assert.match(service.stderr(), /gatehouse: \d+ log line\(s\) could not be written to stdout \(EPIPE\)/)
+      } finally {
+        await load.stop()
+        await service.cleanUp()
+      }
+    })
+
+    it(`on ${dialect.name}: exits within the cap when stdout's reader is alive but has stopped reading, the pipe full`, { timeout: 60_000 }, async () => {
+      const service = await startService(dialect, dir)
+      // Paused, this process stops reading the pipe once its own buffer is full: the pipe fills behind it.
+      service.child.stdout.pause()
+      // Log lines of some 2 KiB each (the query string is logged): 200 of them are more than the pipe and that buffer hold.
+      const load = startLoad(service, 8, 2000)
+      try {
+        await poll('requests answered with stdout not read', 20_000, () => load.answered() >= 200)
+        service.child.kill('SIGTERM')
+        await expectExitWithinCap(service)
+        assert.equal(service.child.exitCode, 0, service.stderr())
+        assert.match(service.stderr(), /gatehouse: \d+ log line\(s\) could not be written to stdout\n/)
       } finally {
         await load.stop()
         await service.cleanUp()

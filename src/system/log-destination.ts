@@ -35,6 +35,19 @@ export interface LogDestinationOptions {
  *   This destination is not registered for exit, and `flushWithin` bounds the
  *   last flush in time.
  */
+/**
+ * Has Node.js open stdout or stderr as its own stream. For a pipe that puts
+ * the descriptor in non-blocking mode, so a write to a pipe whose reader is
+ * alive but no longer reading fails at once with EAGAIN (retried on a timer)
+ * instead of parking a thread-pool thread in write(2) until the reader reads:
+ * a parked thread also kept the process from exiting, as exit waits for the
+ * thread pool. Their own write errors are ours to count, not a crash.
+ */
+function openedByNode (fd: number | undefined): void {
+  if (fd === 1) process.stdout.on('error', () => {})
+  else if (fd === 2) process.stderr.on('error', () => {})
+}
+
 export class LogDestination {
   readonly #sonic: SonicBoom
   readonly #noticeFd: number | undefined
@@ -47,6 +60,7 @@ export class LogDestination {
   #broken: NodeJS.ErrnoException | undefined
 
   constructor ({ fd, noticeFd, minLength = 4096, periodicFlush = 250, maxBuffered = 4 * 1024 * 1024 }: LogDestinationOptions) {
+    for (const used of [fd, noticeFd]) openedByNode(used)
     this.#noticeFd = noticeFd
     this.#sonic = new SonicBoom({ fd, sync: false, minLength, periodicFlush, maxLength: maxBuffered })
     this.#sonic.on('write', (bytes: number) => { this.#written(bytes) })
