@@ -13,7 +13,6 @@ import { AjvCompiler, type BuildCompilerFromPool, type RouteDefinition } from '@
 import { SerializerSelector } from '@fastify/fast-json-stringify-compiler'
 import cookie from '@fastify/cookie'
 import formbody from '@fastify/formbody'
-import pino from 'pino'
 import multipart from '@fastify/multipart'
 import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
@@ -45,6 +44,7 @@ import { WebhookWorker } from './webhooks/webhooks.worker.ts'
 import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
+import { LogDestination } from './system/log-destination.ts'
 import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
 import { MFA_SCHEMAS } from './mfa/mfa.schemas.ts'
@@ -53,6 +53,8 @@ import { SSO_SCHEMAS } from './sso/oidc.schemas.ts'
 import oidcRoutes from './sso/oidc.routes.ts'
 import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
 import consoleRoutes from './console/console.routes.ts'
+import setupRoutes from './console/setup.ts'
+import landingRoutes from './system/landing.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { deviceKeyOf } from './sessions/device-trust.ts'
@@ -69,6 +71,8 @@ declare module 'fastify' {
     passwords: PasswordHasher
     credentials: CredentialCache
     webhooks: WebhookWorker
+    /** The production logger's destination; undefined when the app was given its own stream. */
+    stdoutLog: LogDestination | undefined
   }
   interface FastifyContextConfig {
     /** Served at a 3.6.1 path: answered with Deprecation, Sunset and successor Link headers. */
@@ -94,6 +98,8 @@ export interface BuildOptions {
   logStream?: { write: (line: string) => void }
 }
 
+/** The last flush of the log on close, within the shutdown cap (server.ts). */
+const LOG_FLUSH_ON_CLOSE_MS = 2000
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,64}$/
 const AJV_OPTIONS = { removeAdditional: false, useDefaults: true, allErrors: true } as const
 const ajvCompilers = AjvCompiler()
@@ -148,9 +154,11 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const { config } = options
   // Log lines are gathered and written a few KiB at a time, off the request's
   // path (at most 250 ms late, flushed on close): one write(2) per request line
-  // was a tenth of a list request's cost. Tests pass their own stream.
-  const bufferedStdout = options.logStream === undefined ? pino.destination({ dest: 1, sync: false, minLength: 4096, periodicFlush: 250 }) : undefined
-  const logDestination = options.logStream ?? bufferedStdout!
+  // was a tenth of a list request's cost. A stdout whose reader is gone drops
+  // and counts lines instead of holding the process (system/log-destination.ts).
+  // Tests pass their own stream.
+  const stdoutLog = options.logStream === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
+  const logDestination = options.logStream ?? stdoutLog!
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
     logger: options.logger ?? {
       level: config.logLevel,
@@ -195,7 +203,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }
   }).withTypeProvider<TypeBoxTypeProvider>()
 
-  if (bufferedStdout !== undefined) app.addHook('onClose', async () => { bufferedStdout.flushSync() })
+  app.decorate('stdoutLog', stdoutLog)
+  // Bounded: the last lines must not be what keeps a stopping process alive.
+  if (stdoutLog !== undefined) app.addHook('onClose', async () => { await stdoutLog.flushWithin(LOG_FLUSH_ON_CLOSE_MS) })
   const ownDb = options.db ?? createDb(config)
   if (options.db === undefined) app.addHook('onClose', async () => { await ownDb.destroy() })
   // Checked credentials are cached briefly; every write through this handle that could end one empties the cache.
@@ -295,6 +305,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       throw new AppError('unsupported_media_type', 415, `This operation takes ${accepts.join(', ')}; got ${essence}.`)
     }
   })
+  // A request answered during a shutdown ends its connection: a client keeping
+  // it open would otherwise hold the shutdown until the cap (server.ts).
+  let shuttingDown = false
+  app.addHook('preClose', async () => { shuttingDown = true })
+  app.addHook('onSend', async (_request, reply, payload) => {
+    if (shuttingDown) reply.header('Connection', 'close')
+    return payload
+  })
   const successorOffset = config.basePath.length
   app.addHook('onSend', async (request, reply, payload) => {
     reply.header('Cache-Control', 'no-store')
@@ -352,6 +370,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes)
+    await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(landingRoutes)
   }, { prefix: config.basePath })
 
   return app

@@ -24,6 +24,13 @@ export interface BootstrapResult {
  * database has no admin at all, one generated key that the caller prints once.
  */
 export async function bootstrap (db: Db, passwords: PasswordHasher, config: Config, log: FastifyBaseLogger): Promise<BootstrapResult> {
+  await registerConfiguredAdmins(db, passwords, config, log)
+  const generatedKey = await issueFirstAdminKey(db, config)
+  return generatedKey === undefined ? {} : { generatedKey }
+}
+
+/** The first credentials the environment names (GATEHOUSE_ADMIN_API_KEY, GATEHOUSE_ADMIN_USERNAME/PASSWORD), if not there yet. */
+export async function registerConfiguredAdmins (db: Db, passwords: PasswordHasher, config: Config, log: FastifyBaseLogger): Promise<void> {
   const ctx = SYSTEM_CONTEXT
   if (config.bootstrapAdminApiKey !== undefined) {
     const secret = config.bootstrapAdminApiKey
@@ -61,10 +68,20 @@ export async function bootstrap (db: Db, passwords: PasswordHasher, config: Conf
       }
     }
   }
-  if (config.bootstrapAdminApiKey !== undefined || config.bootstrapAdminUsername !== undefined) return {}
+}
+
+/**
+ * One generated admin key, when the environment names no first credential
+ * and the database has no admin at all; undefined otherwise. The caller
+ * prints it once, so the server calls this only once it listens: a start
+ * that fails on a busy port must not use up the one key a database gets.
+ */
+export async function issueFirstAdminKey (db: Db, config: Config): Promise<string | undefined> {
+  const ctx = SYSTEM_CONTEXT
+  if (config.bootstrapAdminApiKey !== undefined || config.bootstrapAdminUsername !== undefined) return undefined
 
   const admins = await db.selectFrom('users').select('id').where('role', '=', 'admin').limit(1).executeTakeFirst()
-  if (admins !== undefined) return {}
+  if (admins !== undefined) return undefined
   // The mark is taken in the same transaction as the key, so of several
   // instances starting on one empty database exactly one issues a key, and a
   // restart never issues another.
@@ -75,7 +92,7 @@ export async function bootstrap (db: Db, passwords: PasswordHasher, config: Conf
     await insertKeyForSecret(trx, ctx, secret, { name: 'bootstrap', scopes: ['admin'], userId: null, expiresAt: null })
     return true
   })
-  return issued ? { generatedKey: secret } : {}
+  return issued ? secret : undefined
 }
 
 async function markBootstrapped (trx: Db): Promise<boolean> {

@@ -1,8 +1,8 @@
-import { realpathSync } from 'node:fs'
+import { realpathSync, write as writeAsync } from 'node:fs'
 import { pathToFileURL } from 'node:url'
 import closeWithGrace from 'close-with-grace'
 import { buildApp } from './app.ts'
-import { bootstrap } from './bootstrap.ts'
+import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
 import { ConfigError, loadConfig } from './config.ts'
 import { AppError } from './errors.ts'
 import type { CodeCache } from './launcher/code-cache.ts'
@@ -32,9 +32,8 @@ export async function startServer ({ codeCache }: StartOptions = {}): Promise<vo
   }
 
   const app = await buildApp({ config })
-  let generatedKey: string | undefined
   try {
-    ({ generatedKey } = await bootstrap(app.db, app.passwords, config, app.log))
+    await registerConfiguredAdmins(app.db, app.passwords, config, app.log)
   } catch (error) {
     // A bad GATEHOUSE_ADMIN_* value is a configuration mistake: say which, in one line.
     if (error instanceof ConfigError || error instanceof AppError) {
@@ -51,13 +50,13 @@ export async function startServer ({ codeCache }: StartOptions = {}): Promise<vo
   } catch (error) {
     const problem = listenProblem(error as NodeJS.ErrnoException, config.host, config.port)
     if (problem === undefined) throw error
-    // The key is stored already and a later start never makes another: losing it here would lock the admin out.
-    if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
+    // No key was issued yet (below), so the start that succeeds prints it.
     process.stderr.write(`gatehouse: ${problem}\n`)
     await app.close()
     process.exit(1)
   }
 
+  const generatedKey = await issueFirstAdminKey(app.db, config)
   if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
   app.log.info({ address, docs: `${base}/docs`, ...(codeCache !== undefined ? { code_cache: codeCache.state } : {}) }, 'gatehouse is serving')
   if (codeCache !== undefined && (codeCache.state === 'missing' || codeCache.state === 'rejected')) {
@@ -71,17 +70,42 @@ export async function startServer ({ codeCache }: StartOptions = {}): Promise<vo
     }, CODE_CACHE_DELAY_MS).unref()
   }
 
-  closeWithGrace({ delay: 10_000 }, async ({ err }) => {
+  // SIGPIPE stays ignored, as Node.js sets it: a stdout whose reader is gone
+  // then fails writes with EPIPE, which the log destination turns into
+  // dropped lines (system/log-destination.ts), rather than killing the
+  // process without its shutdown. Past SHUTDOWN_CAP_MS close-with-grace ends
+  // the process whatever is still open; nothing in the shutdown writes
+  // synchronously or loops, so that timer always gets to run.
+  closeWithGrace({ delay: SHUTDOWN_CAP_MS }, async ({ err, signal }) => {
     if (err !== undefined) app.log.error({ err }, 'shutting down after an error')
+    else app.log.info({ signal }, 'shutting down')
     await app.close()
+    const log = app.stdoutLog
+    if (log !== undefined && log.droppedLines > 0) {
+      await noticeOnStderr(`gatehouse: ${log.droppedLines} log line(s) could not be written to stdout${log.brokenBy !== undefined ? ` (${log.brokenBy})` : ''}\n`)
+    }
   })
+}
+
+/** How long a shutdown may take, requests in flight and the last log lines included; then the process ends anyway. */
+export const SHUTDOWN_CAP_MS = 10_000
+const STDERR_NOTICE_MS = 250
+
+/** Written asynchronously and waited for briefly: a stderr nobody reads must not hold the exit either. */
+async function noticeOnStderr (text: string): Promise<void> {
+  let timer: NodeJS.Timeout | undefined
+  await Promise.race([
+    new Promise<void>(resolve => { writeAsync(2, text, () => { resolve() }) }),
+    new Promise<void>(resolve => { timer = setTimeout(resolve, STDERR_NOTICE_MS) })
+  ]).finally(() => { clearTimeout(timer) })
 }
 
 /** Printed once, to the terminal only: the database keeps just its digest. */
 function printGeneratedKey (key: string, base: string): void {
   process.stdout.write(
     `\nAdmin API key (shown once, store it now): ${key}\n` +
-    `Open ${base}/docs, click Authorize, paste this key.\n\n`
+    `Open ${base}/docs, click Authorize, paste this key.\n` +
+    `For the admin console, open ${base}/admin/setup, paste this key and choose the first admin's username and password.\n\n`
   )
 }
 

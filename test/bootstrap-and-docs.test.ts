@@ -1,10 +1,13 @@
 import assert from 'node:assert/strict'
 import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { createServer } from 'node:net'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { describe, it } from 'node:test'
-import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, useTestApp, type TestApp } from './helpers.ts'
+import { freePort } from './ports.ts'
 import { bootstrap } from '../src/bootstrap.ts'
 
 for (const dialect of dialects()) {
@@ -47,6 +50,87 @@ for (const dialect of dialects()) {
 
     it('refuses a configured admin username the API would refuse, since the document promises every username has that form', async () => {
       await assert.rejects(createTestApp(dialect, { bootstrapAdminUsername: 'ada lovelace', bootstrapAdminPassword: GOOD_PASSWORD }), /GATEHOUSE_ADMIN_USERNAME must be/)
+    })
+  })
+
+  describe(`the way into the console on a fresh deployment (${dialect.name})`, () => {
+    const ORIGIN = 'http://localhost:80'
+    const FORM = 'application/x-www-form-urlencoded'
+    const setup = async (t: TestApp, fields: Record<string, string>, headers: Record<string, string> = { origin: ORIGIN }) =>
+      await t.app.inject({ method: 'POST', url: '/auth/admin/setup', headers: { 'content-type': FORM, ...headers }, payload: new URLSearchParams(fields).toString() })
+
+    it('turns the printed admin key into the first admin user, signed in to the console, once', async () => {
+      const t = await createTestApp(dialect)
+      try {
+        const form = await t.app.inject({ url: '/auth/admin/setup' })
+        assert.equal(form.statusCode, 200)
+        assert.match(form.body, /name="api_key"/)
+        assert.match(form.headers['content-security-policy'] as string, /default-src 'none'/)
+
+        // Not from our own page: refused before anything else.
+        assert.equal((await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD }, { origin: 'https://evil.example' })).statusCode, 403)
+        const wrongKey = await setup(t, { api_key: 'gatehouse_not-a-key', username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(wrongKey.statusCode, 401)
+        assert.match(wrongKey.body, /not an admin API key/)
+        assert.ok(!wrongKey.body.includes(GOOD_PASSWORD))
+        const weak = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: 'short' })
+        assert.equal(weak.statusCode, 422)
+        assert.ok(!weak.body.includes(t.adminKey), 'the key is never shown back')
+        assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json().length, 0)
+
+        const done = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(done.statusCode, 303, done.body)
+        assert.equal(done.headers.location, '/auth/admin')
+        const cookie = done.cookies.map(c => `${c.name}=${c.value}`).join('; ')
+        const console = await t.app.inject({ url: '/auth/admin/users', headers: { cookie } })
+        assert.equal(console.statusCode, 200)
+        assert.match(console.body, /first\.admin/)
+        const [user] = (await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json()
+        assert.equal(user.role, 'admin')
+        const keyId = (await t.app.inject({ url: '/auth/api/api-keys', headers: auth(t.adminKey) })).json()[0].id
+        const created = (await t.app.inject({ url: '/auth/api/events?type=user.created', headers: auth(t.adminKey) })).json()
+        assert.deepEqual(created.map((e: { actor: { type: string, id: string } }) => [e.actor.type, e.actor.id]), [['api_key', keyId]])
+
+        // Set up: the page says to sign in, and the key opens nothing more.
+        const after = await t.app.inject({ url: '/auth/admin/setup' })
+        assert.equal(after.statusCode, 200)
+        assert.ok(!after.body.includes('name="api_key"'))
+        assert.match(after.body, /Sign in to the admin console/)
+        assert.equal((await setup(t, { api_key: t.adminKey, username: 'second.admin', password: GOOD_PASSWORD })).statusCode, 409)
+        assert.equal((await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) })).json().length, 1)
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('counts wrong keys against the address like failed sign-ins', async () => {
+      const t = await createTestApp(dialect, { loginMaxFailuresPerAddress: 2 })
+      try {
+        for (let i = 0; i < 2; i++) assert.equal((await setup(t, { api_key: `gatehouse_wrong${i}`, username: 'first.admin', password: GOOD_PASSWORD })).statusCode, 401)
+        const refused = await setup(t, { api_key: t.adminKey, username: 'first.admin', password: GOOD_PASSWORD })
+        assert.equal(refused.statusCode, 429)
+        assert.ok(refused.headers['retry-after'])
+      } finally {
+        await t.app.close()
+      }
+    })
+
+    it('answers /auth and /auth/ with a page naming the docs, the console and the sign-in page, and JSON links for other clients', async () => {
+      const t = await createTestApp(dialect)
+      try {
+        for (const url of ['/auth', '/auth/']) {
+          const page = await t.app.inject({ url, headers: { accept: 'text/html,application/xhtml+xml,*/*;q=0.8' } })
+          assert.equal(page.statusCode, 200, url)
+          assert.match(page.headers['content-type'] as string, /^text\/html/)
+          assert.match(page.headers['content-security-policy'] as string, /default-src 'none'/)
+          for (const link of ['/auth/docs', '/auth/admin', '/auth/login']) assert.match(page.body, new RegExp(`href="${link}"`), link)
+          const json = await t.app.inject({ url })
+          assert.equal(json.statusCode, 200)
+          assert.deepEqual(json.json().links, { docs: '/auth/docs', openapi: '/auth/openapi.json', console: '/auth/admin', login: '/auth/login' })
+        }
+      } finally {
+        await t.app.close()
+      }
     })
   })
 
@@ -161,12 +245,58 @@ describe('the README start command', () => {
       const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(out)?.[1]
       assert.ok(key, out)
       assert.match(out, new RegExp(`Open http://127\\.0\\.0\\.1:${port}/auth/docs, click Authorize, paste this key\\.`))
+      assert.match(out, new RegExp(`open http://127\\.0\\.0\\.1:${port}/auth/admin/setup, paste this key`))
       const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { 'x-api-key': key } })
       assert.equal(res.status, 200)
       assert.deepEqual(await res.json(), [])
     } finally {
       child.kill('SIGTERM')
       await new Promise(resolve => child.once('exit', resolve))
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
+describe('a first start that cannot listen', () => {
+  it('prints no key when the port is busy, and the next start issues one that works', { timeout: 60_000 }, async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'gatehouse-busy-'))
+    const port = await freePort()
+    const occupier = createServer()
+    occupier.listen(port, '127.0.0.1')
+    await once(occupier, 'listening')
+    const start = (): { output: () => string, child: ReturnType<typeof spawn> } => {
+      const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+        cwd: process.cwd(),
+        env: { ...process.env, HOST: '127.0.0.1', PORT: String(port), DATABASE_URL: `sqlite:${join(dir, 'gatehouse.db')}`, LOG_LEVEL: 'warn' },
+        stdio: ['ignore', 'pipe', 'pipe']
+      })
+      let out = ''
+      child.stdout!.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      child.stderr!.on('data', (chunk: Buffer) => { out += chunk.toString() })
+      return { output: () => out, child }
+    }
+    let second: ReturnType<typeof start> | undefined
+    try {
+      const first = start()
+      const [code] = await once(first.child, 'exit') as [number]
+      assert.equal(code, 1, first.output())
+      assert.equal(first.output().trim(), `gatehouse: port ${port} on 127.0.0.1 is in use; set PORT to a free port, or stop the process that holds it`)
+
+      occupier.close()
+      await once(occupier, 'close')
+      second = start()
+      const deadline = Date.now() + 30_000
+      while (!second.output().includes('click Authorize') && Date.now() < deadline && second.child.exitCode === null) await new Promise(resolve => setTimeout(resolve, 100))
+      const key = /Admin API key \(shown once, store it now\): (gatehouse_\w+)/.exec(second.output())?.[1]
+      assert.ok(key, second.output())
+      const res = await fetch(`http://127.0.0.1:${port}/auth/api/users`, { headers: { authorization: `Bearer ${key}` } })
+      assert.equal(res.status, 200)
+    } finally {
+      occupier.close()
+      if (second !== undefined && second.child.exitCode === null) {
+        second.child.kill('SIGTERM')
+        await once(second.child, 'exit')
+      }
       rmSync(dir, { recursive: true, force: true })
     }
   })

@@ -31,6 +31,15 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     registers: [],
     collect () { this.set(app.passwords.pendingCount) }
   }))
+  registry.registerMetric(new Counter({
+    name: 'gatehouse_log_lines_dropped_total',
+    help: 'Log lines not written to stdout: its reader was gone (EPIPE) or did not keep up, or the last flush at shutdown ran out of time.',
+    registers: [],
+    collect () {
+      this.reset()
+      this.inc(app.stdoutLog?.droppedLines ?? 0)
+    }
+  }))
 
   // Webhooks: the queue is shared by every instance, so its size is read from the database at each scrape.
   let queue: Promise<{ pending: number, failed: number }> | undefined

@@ -1,0 +1,224 @@
+import assert from 'node:assert/strict'
+import { spawn, spawnSync, type ChildProcessByStdio } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { connect, type Socket } from 'node:net'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import type { Readable } from 'node:stream'
+import { after, before, describe, it } from 'node:test'
+import { fileURLToPath } from 'node:url'
+import { dialects, dropSchema } from './helpers.ts'
+import { freePort } from './ports.ts'
+import { SHUTDOWN_CAP_MS } from '../src/server.ts'
+
+const root = fileURLToPath(new URL('..', import.meta.url))
+/** Beyond the cap: the process has to start exiting by then, on a machine shared with other test runs. */
+const EXIT_MARGIN_MS = 3000
+
+type Child = ChildProcessByStdio<null, Readable, Readable>
+
+interface Service {
+  child: Child
+  port: number
+  base: string
+  key: string
+  /** Everything the service wrote to stderr so far. */
+  stderr: () => string
+  exited: () => boolean
+  /** Ends the process if a test left it running (a hung shutdown), and removes what it made. */
+  cleanUp: () => Promise<void>
+}
+
+async function poll (what: string, deadlineMs: number, check: () => boolean | Promise<boolean>): Promise<void> {
+  const deadline = Date.now() + deadlineMs
+  while (!await check()) {
+    assert.ok(Date.now() < deadline, `${what}: not within ${deadlineMs} ms`)
+    await new Promise(resolve => setTimeout(resolve, 25))
+  }
+}
+
+/** Starts dist/server.js, as `npm start` does, with stdout and stderr piped to this process; resolves once it serves. */
+async function startService (dialect: { name: string, url?: string }, dir: string): Promise<Service> {
+  const port = await freePort()
+  const key = `gatehouse_${randomBytes(24).toString('hex')}`
+  const schema = `gh_shutdown_${randomBytes(6).toString('hex')}`
+  const child = spawn(process.execPath, [join(root, 'dist/server.js')], {
+    env: {
+      PATH: process.env.PATH,
+      HOST: '127.0.0.1',
+      PORT: String(port),
+      LOG_LEVEL: 'info',
+      DATABASE_URL: dialect.url ?? `sqlite:${join(dir, `${schema}.db`)}`,
+      ...(dialect.url !== undefined ? { DATABASE_SCHEMA: schema } : {}),
+      GATEHOUSE_ADMIN_API_KEY: key,
+      RATE_LIMIT_PER_ADDRESS: '0',
+      RATE_LIMIT_PER_CREDENTIAL: '0'
+    },
+    stdio: ['ignore', 'pipe', 'pipe']
+  })
+  let stdout = ''
+  let stderr = ''
+  child.stdout.setEncoding('utf8').on('data', (d: string) => { stdout += d })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { stderr += d })
+  const exited = (): boolean => child.exitCode !== null || child.signalCode !== null
+  const service: Service = {
+    child,
+    port,
+    base: `http://127.0.0.1:${port}/auth`,
+    key,
+    stderr: () => stderr,
+    exited,
+    cleanUp: async () => {
+      if (!exited()) {
+        child.kill('SIGKILL')
+        await once(child, 'exit')
+      }
+      if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
+    }
+  }
+  try {
+    await poll('the serving line', 30_000, () => {
+      assert.ok(!exited(), `dist/server.js exited: ${stdout}${stderr}`)
+      return stdout.includes('"msg":"gatehouse is serving"')
+    })
+  } catch (error) {
+    await service.cleanUp()
+    throw error
+  }
+  return service
+}
+
+/** Requests that each write a log line, from `workers` clients at once, until stopped. */
+function startLoad (service: Service, workers: number, padding = 0): { stop: () => Promise<void>, answered: () => number } {
+  const state = { running: true }
+  let answered = 0
+  const worker = async (): Promise<void> => {
+    while (state.running) {
+      try {
+        const res = await fetch(`${service.base}/api/users?limit=5${padding > 0 ? `&pad=${'x'.repeat(padding)}` : ''}`, { headers: { authorization: `Bearer ${service.key}` } })
+        await res.arrayBuffer()
+        answered++
+      } catch {
+        // Refused once the listener is closed: pace the retries rather than spin.
+        await new Promise(resolve => setTimeout(resolve, 20))
+      }
+    }
+  }
+  const all = Promise.all(Array.from({ length: workers }, worker))
+  return { stop: async () => { state.running = false; await all }, answered: () => answered }
+}
+
+async function droppedLines (service: Service): Promise<number | undefined> {
+  const metrics = await (await fetch(`${service.base}/metrics`)).text()
+  const value = /^gatehouse_log_lines_dropped_total (\d+)$/m.exec(metrics)?.[1]
+  return value === undefined ? undefined : Number(value)
+}
+
+async function listenerClosed (port: number): Promise<boolean> {
+  return await new Promise(resolve => {
+    const socket = connect({ host: '127.0.0.1', port })
+    socket.once('connect', () => { socket.destroy(); resolve(false) })
+    socket.once('error', () => { resolve(true) })
+  })
+}
+
+async function expectExitWithinCap (service: Service): Promise<void> {
+  const signalled = Date.now()
+  await poll(`exit after SIGTERM (stderr: ${service.stderr()})`, SHUTDOWN_CAP_MS + EXIT_MARGIN_MS, () => service.exited())
+  assert.ok(Date.now() - signalled <= SHUTDOWN_CAP_MS + EXIT_MARGIN_MS)
+}
+
+/**
+ * A harness that starts gatehouse with stdout piped and then goes away must
+ * not leave it running: a stdout whose reader is gone drops log lines and
+ * counts them, and SIGTERM ends the process within the shutdown cap.
+ */
+describe('shutdown when the reader of stdout is gone (node dist/server.js)', () => {
+  let dir: string
+  before(() => {
+    dir = mkdtempSync(join(tmpdir(), 'gatehouse-shutdown-'))
+    const build = spawnSync(process.execPath, [join(root, 'scripts/build.js')], { cwd: root, encoding: 'utf8' })
+    assert.equal(build.status, 0, build.stderr)
+  })
+  after(() => { rmSync(dir, { recursive: true, force: true }) })
+
+  for (const dialect of dialects()) {
+    it(`on ${dialect.name}: under load, drops and counts the log lines once stdout's reader is gone, and exits within the cap on SIGTERM`, { timeout: 60_000 }, async () => {
+      const service = await startService(dialect, dir)
+      const load = startLoad(service, 8)
+      try {
+        await poll('requests answered under load', 10_000, () => load.answered() >= 50)
+        service.child.stdout.destroy()
+        // Lines keep coming: the ones written after this are counted, and the service keeps serving.
+        let dropped: number | undefined
+        await poll('a count of dropped log lines', 10_000, async () => {
+          dropped = await droppedLines(service)
+          return dropped !== undefined && dropped > 0
+        })
+        assert.ok(!service.exited())
+        const before = load.answered()
+        await poll('requests answered after stdout went away', 10_000, () => load.answered() > before + 20)
+
+        service.child.kill('SIGTERM')
+        await expectExitWithinCap(service)
+        assert.equal(service.child.exitCode, 0, service.stderr())
+        assert.match(service.stderr(), /log lines can no longer be written \(EPIPE\)/)
+        assert.match(service.stderr(), /gatehouse: \d+ log line\(s\) could not be written to stdout \(EPIPE\)/)
+      } finally {
+        await load.stop()
+        await service.cleanUp()
+      }
+    })
+
+    it(`on ${dialect.name}: exits within the cap when stdout's reader is alive but has stopped reading, the pipe full`, { timeout: 60_000 }, async () => {
+      const service = await startService(dialect, dir)
+      // Paused, this process stops reading the pipe once its own buffer is full: the pipe fills behind it.
+      service.child.stdout.pause()
+      // Log lines of some 2 KiB each (the query string is logged): 200 of them are more than the pipe and that buffer hold.
+      const load = startLoad(service, 8, 2000)
+      try {
+        await poll('requests answered with stdout not read', 20_000, () => load.answered() >= 200)
+        service.child.kill('SIGTERM')
+        await expectExitWithinCap(service)
+        assert.equal(service.child.exitCode, 0, service.stderr())
+        assert.match(service.stderr(), /gatehouse: \d+ log line\(s\) could not be written to stdout\n/)
+      } finally {
+        await load.stop()
+        await service.cleanUp()
+      }
+    })
+
+    it(`on ${dialect.name}: exits within the cap when stdout's reader goes away during the shutdown, with a request in flight`, { timeout: 60_000 }, async () => {
+      const service = await startService(dialect, dir)
+      let socket: Socket | undefined
+      try {
+        // A request whose body is still coming: the shutdown waits for it.
+        socket = connect({ host: '127.0.0.1', port: service.port })
+        await once(socket, 'connect')
+        let answer = ''
+        socket.setEncoding('utf8').on('data', (d: string) => { answer += d })
+        const body = JSON.stringify({ username: 'in-flight', password: 'x' })
+        socket.write(`POST /auth/api/users HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${service.key}\r\n` +
+          `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nExpect: 100-continue\r\n\r\n`)
+        socket.write(body.slice(0, 5))
+        await poll('the server reading the request', 10_000, () => answer.startsWith('HTTP/1.1 100 Continue'))
+
+        service.child.kill('SIGTERM')
+        await poll('the listener closing', 10_000, async () => await listenerClosed(service.port))
+        assert.ok(!service.exited(), 'the shutdown waits for the request in flight')
+        service.child.stdout.destroy()
+        // The request ends and writes its log line, to a stdout nobody reads any more.
+        socket.write(body.slice(5))
+        await expectExitWithinCap(service)
+        assert.match(answer, /HTTP\/1\.1 (400|422) /)
+        assert.equal(service.child.exitCode, 0, service.stderr())
+        assert.match(service.stderr(), /log line\(s\) could not be written to stdout \(EPIPE\)/)
+      } finally {
+        socket?.destroy()
+        await service.cleanUp()
+      }
+    })
+  }
+})
