@@ -122,7 +122,7 @@ export default async function setupRoutes (app: FastifyTypeBox, deps: SessionsDe
     }
     await deps.failures.release([addressBudget])
 
-    const parsed = parseCreate({ username, password, role: 'admin' })
+    const parsed = parseCreate({ username, password, role: 'admin' }, usersDeps.passwordPolicy)
     if (!parsed.ok) return send(reply, 422, setupForm(base, minLength, { username, errors: parsed.errors }))
     const ctx: RequestContext = { ...requestContext(request), actorType: 'api_key', actorId: principal.id }
     try {
