@@ -39,3 +39,20 @@ export async function listEvents (db: Db, filter: Omit<ListEventsQuery, 'cursor'
     .limit(limit + 1)
     .execute()
 }
+
+/** What events point at, by id, as people know them: usernames, key names, endpoint URLs. Ids not found are left out. */
+export async function findPartyNames (db: Db, ids: { users: string[], apiKeys: string[], webhooks: string[] }): Promise<{ users: Map<string, string>, apiKeys: Map<string, string>, webhooks: Map<string, string> }> {
+  const [users, apiKeys, webhooks] = await Promise.all([
+    ids.users.length === 0 ? [] : db.selectFrom('users').select(['id', 'username as name']).where('id', 'in', ids.users).execute(),
+    ids.apiKeys.length === 0 ? [] : db.selectFrom('api_keys').select(['id', 'name']).where('id', 'in', ids.apiKeys).execute(),
+    ids.webhooks.length === 0 ? [] : db.selectFrom('webhook_endpoints').select(['id', 'url as name']).where('id', 'in', ids.webhooks).execute()
+  ])
+  const byId = (rows: Array<{ id: string, name: string }>): Map<string, string> => new Map(rows.map(row => [row.id, row.name]))
+  return { users: byId(users), apiKeys: byId(apiKeys), webhooks: byId(webhooks) }
+}
+
+/** Usernames are unique ignoring case, through `username_key`. */
+export async function findUserIdByUsername (db: Db, username: string): Promise<string | undefined> {
+  const row = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
+  return row?.id
+}
