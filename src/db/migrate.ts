@@ -7,6 +7,7 @@ import * as m0004 from './migrations/0004_mfa.ts'
 import * as m0005 from './migrations/0005_webhooks.ts'
 import * as m0006 from './migrations/0006_sso.ts'
 import * as m0007 from './migrations/0007_credential_notify.ts'
+import * as m0010 from './migrations/0010_events_occurred_at.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -16,7 +17,8 @@ const migrations: Record<string, Migration> = {
   '0004_mfa': m0004,
   '0005_webhooks': m0005,
   '0006_sso': m0006,
-  '0007_credential_notify': m0007
+  '0007_credential_notify': m0007,
+  '0010_events_occurred_at': m0010
 }
 
 /**
