@@ -63,11 +63,11 @@ function options<T extends string> (values: ReadonlyArray<readonly [T, string]>,
 }
 
 /** An input with its label, hint and error, wired together for screen readers. */
-function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string } = {}): SafeHtml {
+function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string, filter?: boolean } = {}): SafeHtml {
   const error = errors[name]
   const described = [extra.hint !== undefined ? `${name}-hint` : '', error !== undefined ? `${name}-error` : ''].filter(Boolean).join(' ')
   return html`<div class="field">
-<label for="${name}">${label}${extra.required === true ? '' : html` <span class="muted">(optional)</span>`}</label>
+<label for="${name}">${label}${extra.required === true || extra.filter === true ? '' : html` <span class="muted">(optional)</span>`}</label>
 <input id="${name}" name="${name}" type="${extra.type ?? 'text'}" value="${value}"${extra.required === true ? html` required` : ''}${extra.autocomplete !== undefined ? html` autocomplete="${extra.autocomplete}"` : ''}${described !== '' ? html` aria-describedby="${described}"` : ''}${error !== undefined ? html` aria-invalid="true"` : ''}>
 ${extra.hint !== undefined ? html`<p class="hint" id="${name}-hint">${extra.hint}</p>` : ''}
 ${error !== undefined ? html`<p class="field-error" id="${name}-error">${label} ${error}.</p>` : ''}
@@ -263,7 +263,7 @@ export function eventsTable (ctx: ViewContext, events: Event[], caption: string,
 <tbody>${events.map(e => html`<tr>
 <td data-label="When">${date(e.occurred_at)}</td><td data-label="Event"><code>${e.type}</code></td><td data-label="Actor">${party(ctx, e.actor.type, e.actor.id, names)}</td>
 <td data-label="Target">${e.target === null ? '' : party(ctx, e.target.type, e.target.id, names, e.type === 'user.deleted' && typeof e.data.username === 'string' ? e.data.username : undefined)}</td>
-<td data-label="Details" class="data">${dataLines(e.data)}${e.client_ip !== null ? html`<span class="muted">from ${e.client_ip}</span>` : ''}</td>
+<td data-label="Details" class="data">${dataLines(e.data)}${e.client_ip !== null ? html`<div class="muted">from ${e.client_ip}</div>` : ''}</td>
 </tr>`)}</tbody></table></div>`
 }
 
@@ -510,12 +510,12 @@ export function eventsPage (ctx: ViewContext, view: EventsView): string {
   const filtered = Object.values(filters).some(v => v !== '')
   const body = html`<h1>Events</h1>
 ${Object.keys(view.errors).length === 0 ? '' : html`<div class="error" role="alert" id="form-errors"><strong>These filters cannot be used.</strong><ul>${Object.entries(view.errors).map(([name, detail]) => html`<li><a href="#${name}">${EVENT_FILTER_LABELS[name] ?? name}</a> ${detail}</li>`)}</ul></div>`}
-<form class="panel filters" method="get" action="${page}" role="search" aria-label="Filter events">
+<form class="panel filters roomy" method="get" action="${page}" role="search" aria-label="Filter events">
 <div class="field"><label for="type">Type</label><select id="type" name="type">${options([['', 'Any'], ...EVENT_TYPES.map(t => [t, t] as const)], f.type)}</select></div>
-${input('actor', 'Actor', f.actor, view.errors, { autocomplete: 'off', hint: 'Who did it: a username, or an id (an API key, a deleted user).' })}
-${input('target', 'Target', f.target, view.errors, { autocomplete: 'off', hint: 'What it was done to: a username, or an id.' })}
-${input('from', 'From (UTC)', f.from, view.errors, { type: 'datetime-local', hint: 'Events at or after this time, in UTC.' })}
-${input('to', 'To (UTC)', f.to, view.errors, { type: 'datetime-local', hint: 'Events before this time, in UTC.' })}
+${input('actor', 'Actor', f.actor, view.errors, { filter: true, autocomplete: 'off', hint: 'Who did it: a username or an id.' })}
+${input('target', 'Target', f.target, view.errors, { filter: true, autocomplete: 'off', hint: 'Done to: a username or an id.' })}
+${input('from', 'From (UTC)', f.from, view.errors, { filter: true, type: 'datetime-local', hint: 'At or after this time.' })}
+${input('to', 'To (UTC)', f.to, view.errors, { filter: true, type: 'datetime-local', hint: 'Before this time.' })}
 <div class="field actions"><button type="submit">Apply</button>${filtered ? html`<a href="${page}">Clear</a>` : ''}</div>
 </form>
 ${view.unmatched.length > 0
