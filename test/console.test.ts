@@ -419,6 +419,10 @@ for (const dialect of dialects()) {
       assert.ok(eventRows(page.body).every(r => r.actor.includes(`>${admin.username}</a>`)))
       assert.match(page.body, new RegExp(`id="actor" name="actor" type="text" value="${admin.username}"`), 'the filter shows what was typed')
 
+      // A username that looks like an id (`cli` is the command line's actor id) is a username first.
+      const cli = await createUser(t, { username: 'cli' })
+      assert.deepEqual(eventRows((await get(t, admin.cookie, '/auth/admin/events?target=CLI')).body).map(r => r.target.split('<br>')[0]), [`<a href="/auth/admin/users/${cli.id}">cli</a>`])
+
       const unknown = await get(t, admin.cookie, '/auth/admin/events?actor=nobody_by_this_name')
       assert.equal(unknown.statusCode, 200)
       assert.match(unknown.body, /<div class="warning" role="status" id="unmatched"><strong>No events listed\.<\/strong> No user is named “nobody_by_this_name” \(the actor filter\)\./)

@@ -388,12 +388,14 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     if (Object.keys(filter.errors).length > 0) {
       return sendPage(reply, 422, eventsPage(viewOf(request), { ...view, events: [], names: await partyNamesOf(app.db, []), nextCursor: undefined }))
     }
-    // A username is looked up here; one no user has lists nothing and says so, rather than failing the page.
+    // A username first (a user may be named like an id), else an id; neither lists nothing and says so, rather than failing the page.
     const idOf = async (value: string, role: 'actor' | 'target'): Promise<string | undefined> => {
-      if (value === '' || EVENT_PARTY_ID.test(value)) return value === '' ? undefined : value.toLowerCase()
+      if (value === '') return undefined
       const id = await userIdOfUsername(app.db, value)
-      if (id === undefined) view.unmatched.push(`No user is named “${value}” (the ${role} filter).`)
-      return id
+      if (id !== undefined) return id
+      if (EVENT_PARTY_ID.test(value)) return value.toLowerCase()
+      view.unmatched.push(`No user is named “${value}” (the ${role} filter).`)
+      return undefined
     }
     const [actorId, targetId] = [await idOf(filter.values.actor, 'actor'), await idOf(filter.values.target, 'target')]
     const page = view.unmatched.length > 0
