@@ -369,7 +369,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
-    await api.register(consoleRoutes)
+    await api.register(consoleRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(landingRoutes)
   }, { prefix: config.basePath })

@@ -1,9 +1,11 @@
 import { strict as assert } from 'node:assert'
+import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
 import { AxeBuilder } from '@axe-core/playwright'
+import { generate } from 'otplib'
 import type { Page } from 'playwright-core'
 import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
@@ -35,13 +37,13 @@ async function inspect (page: Page, name: string, dialect: string, cspErrors: st
 }
 
 for (const dialect of dialects()) {
-  test(`admin console in Chromium: the seed's workflows, keys, a conflict, a refusal, accessibility (${dialect.name})`, { timeout: 180_000 }, async (t) => {
+  test(`admin console in Chromium: the seed's workflows, keys, a conflict, a second-factor reset, filtered events, a refusal, accessibility (${dialect.name})`, { timeout: 180_000 }, async (t) => {
     if (!existsSync(CHROMIUM)) {
       t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
       return
     }
     await mkdir(ARTIFACTS, { recursive: true })
-    const { app, adminKey } = await createTestApp(dialect)
+    const { app, adminKey } = await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
     let browser: Browser | undefined
     try {
       await app.listen({ host: '127.0.0.1', port: 0 })
@@ -168,6 +170,31 @@ for (const dialect of dialects()) {
       assert.equal(await page.getByRole('status').innerText(), 'Key revoked.')
       assert.equal((await fetch(`${origin}/auth/api/users?limit=1`, { headers: auth(secret) })).status, 401)
 
+      // A second factor lost: a user with an authenticator app (enrolled through the API with their own session) is reset from their page.
+      const mfaName = uniqueName('lost')
+      const mfaUser = await (await api('/users', { method: 'POST', body: JSON.stringify({ username: mfaName, password: GOOD_PASSWORD }) })).json() as { id: string }
+      const session = await (await fetch(`${origin}/auth/api/login`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ username: mfaName, password: GOOD_PASSWORD }) })).json() as { token: string }
+      const own = { authorization: `Bearer ${session.token}` }
+      const setup = await (await fetch(`${origin}/auth/api/me/mfa/totp`, { method: 'POST', headers: own })).json() as { secret: string }
+      const confirmed = await fetch(`${origin}/auth/api/me/mfa/totp/confirm`, { method: 'POST', headers: { ...own, 'content-type': 'application/json' }, body: JSON.stringify({ code: await generate({ secret: setup.secret }) }) })
+      assert.equal(confirmed.status, 200, await confirmed.text())
+      await page.goto(`${origin}/auth/admin/users/${mfaUser.id}`)
+      const factors = page.locator('#mfa-state')
+      assert.deepEqual(await factors.locator('dd').allInnerTexts().then(texts => texts.slice(0, 3)), ['yes', '0', '10 of 10'])
+      await check('user-mfa')
+      await page.getByRole('link', { name: 'Reset second factor…' }).click()
+      assert.equal(await page.getByRole('heading', { level: 1 }).innerText(), `Reset the second factor of ${mfaName}?`)
+      await check('mfa-reset-confirm')
+      await page.getByRole('button', { name: `Reset the second factor of ${mfaName}` }).click()
+      await page.waitForURL(/done=mfa-reset$/)
+      assert.match(await page.getByRole('status').innerText(), /^Second factor reset/)
+      assert.deepEqual(await factors.locator('dd').allInnerTexts().then(texts => texts.slice(0, 3)), ['no', '0', '0 of 10'])
+      await check('user-mfa-reset')
+      const status = await (await api(`/users/${mfaUser.id}/mfa`)).json() as { totp: { enrolled: boolean }, passkeys: unknown[], recovery_codes_remaining: number }
+      assert.deepEqual([status.totp.enrolled, status.passkeys.length, status.recovery_codes_remaining], [false, 0, 0])
+      const resets = await (await api(`/events?type=user.mfa_reset&target_id=${mfaUser.id}`)).json() as Array<{ actor: { type: string } }>
+      assert.deepEqual(resets.map(e => e.actor.type), ['user'])
+
       // Events: the timeline, filtered by type.
       await page.getByRole('link', { name: 'Events' }).click()
       await page.getByLabel('Type').selectOption('api_key.revoked')
@@ -175,6 +202,31 @@ for (const dialect of dialects()) {
       await page.waitForURL(/type=api_key.revoked/)
       assert.equal(await page.locator('tbody tr').count(), 1)
       await check('events')
+
+      // ... and by who, typed as usernames, within a time range in UTC: the reset above, done by this admin to that user.
+      await page.getByRole('link', { name: 'Clear' }).click()
+      await page.getByLabel('Actor', { exact: true }).fill(adminName)
+      await page.getByLabel('Target', { exact: true }).fill(mfaName)
+      const minute = (offset: number): string => new Date(Date.now() + offset).toISOString().slice(0, 16)
+      await page.getByLabel('From (UTC)').fill(minute(-10 * 60_000))
+      await page.getByLabel('To (UTC)').fill(minute(10 * 60_000))
+      await page.getByRole('button', { name: 'Apply' }).click()
+      await page.waitForURL(/actor=/)
+      const eventRows = page.locator('tbody tr')
+      assert.equal(await eventRows.count(), 1)
+      assert.equal(await eventRows.locator('td[data-label="Event"]').innerText(), 'user.mfa_reset')
+      assert.match(await eventRows.locator('td[data-label="Actor"] a').innerText(), new RegExp(`^${adminName}$`))
+      assert.equal(await eventRows.locator('td[data-label="Target"] a').innerText(), mfaName)
+      assert.match(await eventRows.locator('td[data-label="Details"]').innerText(), /totp: true\npasskeys: 0\nrecovery_codes: 10/)
+      await check('events-filtered')
+      await page.getByLabel('Actor', { exact: true }).fill('nobody_by_this_name')
+      await page.getByRole('button', { name: 'Apply' }).click()
+      await page.locator('#unmatched').waitFor()
+      await check('events-unmatched')
+
+      // The admin's own second factor is managed on the account security page, one link away.
+      await page.getByRole('link', { name: 'Account security' }).click()
+      await page.waitForURL(`${origin}/auth/account`)
 
       // A non-admin is refused with a page that says so.
       await page.getByRole('button', { name: 'Sign out' }).click()

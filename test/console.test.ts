@@ -1,6 +1,8 @@
 import { strict as assert } from 'node:assert'
+import { randomBytes } from 'node:crypto'
 import { before, describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
+import { generate } from 'otplib'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 
 const ORIGIN = 'http://localhost:80'
@@ -39,7 +41,7 @@ async function get (t: TestApp, cookie: string, url: string): Promise<LightMyReq
   return await t.app.inject({ url, headers: { cookie } })
 }
 
-async function eventsOf (t: TestApp, query: string): Promise<Array<{ type: string, data: Record<string, unknown> }>> {
+async function eventsOf (t: TestApp, query: string): Promise<Array<{ type: string, occurred_at: string, actor: { type: string, id: string | null }, data: Record<string, unknown> }>> {
   const res = await t.app.inject({ url: `/auth/api/events?${query}`, headers: auth(t.adminKey) })
   assert.equal(res.statusCode, 200, res.body)
   return res.json()
@@ -364,7 +366,194 @@ for (const dialect of dialects()) {
       const none = await get(t, admin.cookie, `/auth/admin/events?type=user.deleted&target_id=${user.id}`)
       assert.match(none.body, /No events\./)
       const mine = await get(t, admin.cookie, `/auth/admin/events?actor_id=${admin.id}`)
-      assert.ok(!mine.body.includes(`<code>${plain.id}</code>`))
+      const rows = [...mine.body.matchAll(/<td data-label="Actor">(.*?)<\/td>/g)].map(m => m[1]!)
+      assert.ok(rows.length > 0)
+      assert.ok(rows.every(cell => cell.startsWith(`<a href="/auth/admin/users/${admin.id}">${admin.username}</a>`)), rows.join('\n'))
+    })
+
+    /** The cells of each row of an events table: event type, actor, target and details as HTML. */
+    const eventRows = (body: string): Array<{ type: string, actor: string, target: string, details: string }> =>
+      [...body.matchAll(/<td data-label="Event"><code>([^<]+)<\/code><\/td><td data-label="Actor">(.*?)<\/td>\s*<td data-label="Target">(.*?)<\/td>\s*<td data-label="Details" class="data">(.*?)<\/td>/gs)]
+        .map(m => ({ type: m[1]!, actor: m[2]!, target: m[3]!, details: m[4]! }))
+
+    it('shows events with usernames and key names linking to their pages, the ids under them, and changes as "field: old → new" lines', async () => {
+      const username = uniqueName('named')
+      const made = await post(t, admin.cookie, '/auth/admin/users', { username, password: GOOD_PASSWORD })
+      assert.equal(made.statusCode, 303, made.body)
+      const user = (await t.app.inject({ url: `/auth/api/users?username=${username}`, headers: auth(t.adminKey) })).json()[0] as { id: string }
+      const patched = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { first_name: 'Ada', groups: ['analysts', 'ops'], password: 'another long passphrase' } })
+      assert.equal(patched.statusCode, 200, patched.body)
+      const [updated] = await eventsOf(t, `type=user.updated&target_id=${user.id}`)
+      const key = (await t.app.inject({ url: '/auth/api/api-keys', headers: auth(t.adminKey) })).json().find((k: { id: string }) => k.id === updated!.actor.id) as { name: string }
+
+      const res = await get(t, admin.cookie, `/auth/admin/events?target=${username}`)
+      assert.equal(res.statusCode, 200)
+      const rows = eventRows(res.body)
+      assert.deepEqual(rows.map(r => r.type), ['user.updated', 'user.created'])
+      const userLink = `<a href="/auth/admin/users/${user.id}">${username}</a><br><span class="id muted">${user.id}</span>`
+      assert.ok(rows.every(r => r.target === userLink), rows.map(r => r.target).join('\n'))
+      assert.equal(rows[1]!.actor, `<a href="/auth/admin/users/${admin.id}">${admin.username}</a><br><span class="id muted">${admin.id}</span>`)
+      assert.equal(rows[0]!.actor, `API key <a href="/auth/admin/api-keys?include_revoked=true#key-${updated!.actor.id}">${key.name}</a><br><span class="id muted">${updated!.actor.id}</span>`)
+      const lines = [...rows[0]!.details.matchAll(/<li>(.*?)<\/li>/g)].map(m => m[1])
+      assert.deepEqual(lines.sort(), ['first_name: — &rarr; Ada', 'groups: (none) &rarr; analysts, ops', 'password: [redacted]'])
+      assert.match(rows[1]!.details, new RegExp(`<li>username: ${username}</li>`))
+      assert.doesNotMatch(res.body, /\{&#34;|another long passphrase/, 'no raw JSON, no secret')
+      // The key's row on the keys page is where the link points.
+      assert.match((await get(t, admin.cookie, '/auth/admin/api-keys?include_revoked=true')).body, new RegExp(`<tr id="key-${updated!.actor.id}">`))
+
+      // A deleted user keeps their events; the name comes from the deletion's record.
+      assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })).statusCode, 204)
+      const after = eventRows((await get(t, admin.cookie, `/auth/admin/events?target=${user.id}`)).body)
+      assert.deepEqual(after.map(r => r.type), ['user.deleted', 'user.updated', 'user.created'])
+      assert.equal(after[0]!.target, `deleted user ${username}<br><span class="id muted">${user.id}</span>`)
+    })
+
+    it('narrows events by actor and target username, ignoring case, and says so when no user has the username', async () => {
+      const username = uniqueName('who')
+      assert.equal((await post(t, admin.cookie, '/auth/admin/users', { username })).statusCode, 303)
+      const user = (await t.app.inject({ url: `/auth/api/users?username=${username}`, headers: auth(t.adminKey) })).json()[0] as { id: string }
+      assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { last_name: 'Who' } })).statusCode, 200)
+
+      const both = eventRows((await get(t, admin.cookie, `/auth/admin/events?target=${username.toUpperCase()}`)).body)
+      assert.deepEqual(both.map(r => r.type), ['user.updated', 'user.created'])
+      const byAdmin = eventRows((await get(t, admin.cookie, `/auth/admin/events?actor=${admin.username}&target=${username}`)).body)
+      assert.deepEqual(byAdmin.map(r => r.type), ['user.created'])
+      const page = await get(t, admin.cookie, `/auth/admin/events?actor=${admin.username}`)
+      assert.ok(eventRows(page.body).every(r => r.actor.includes(`>${admin.username}</a>`)))
+      assert.match(page.body, new RegExp(`id="actor" name="actor" type="text" value="${admin.username}"`), 'the filter shows what was typed')
+
+      // A username that looks like an id (`cli` is the command line's actor id) is a username first.
+      const cli = await createUser(t, { username: 'cli' })
+      assert.deepEqual(eventRows((await get(t, admin.cookie, '/auth/admin/events?target=CLI')).body).map(r => r.target.split('<br>')[0]), [`<a href="/auth/admin/users/${cli.id}">cli</a>`])
+
+      const unknown = await get(t, admin.cookie, '/auth/admin/events?actor=nobody_by_this_name')
+      assert.equal(unknown.statusCode, 200)
+      assert.match(unknown.body, /<div class="warning" role="status" id="unmatched"><strong>No events listed\.<\/strong> No user is named “nobody_by_this_name” \(the actor filter\)\./)
+      assert.deepEqual(eventRows(unknown.body), [])
+    })
+
+    it('narrows events to a UTC time range (from included, to not), and shows a bad range next to its field', async () => {
+      const username = uniqueName('when')
+      const user = await createUser(t, { username })
+      const [created] = await eventsOf(t, `target_id=${user.id}`)
+      // The next whole second after the first event; the second event is made once the clock has passed it.
+      const boundary = new Date(Math.floor(Date.parse(created!.occurred_at) / 1000) * 1000 + 1000)
+      const deadline = Date.now() + 5000
+      while (Date.now() < boundary.getTime()) {
+        assert.ok(Date.now() < deadline, 'the clock reached the boundary')
+        await new Promise(resolve => setImmediate(resolve))
+      }
+      assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { first_name: 'Later' } })).statusCode, 200)
+      const local = boundary.toISOString().slice(0, 19)
+      const minute = boundary.toISOString().slice(0, 16)
+
+      const types = async (query: string): Promise<string[]> => eventRows((await get(t, admin.cookie, `/auth/admin/events?target=${username}&${query}`)).body).map(r => r.type)
+      assert.deepEqual(await types(`to=${local}`), ['user.created'])
+      assert.deepEqual(await types(`from=${local}`), ['user.updated'])
+      // Minutes, as the browser's datetime-local field sends them.
+      assert.deepEqual(await types(`from=${created!.occurred_at.slice(0, 16)}&to=${new Date(boundary.getTime() + 120_000).toISOString().slice(0, 16)}`), ['user.updated', 'user.created'])
+      assert.deepEqual(await types('from=2999-01-01T00:00'), [])
+
+      const page = await get(t, admin.cookie, `/auth/admin/events?target=${username}&from=${minute}`)
+      assert.match(page.body, new RegExp(`id="from" name="from" type="datetime-local" value="${minute}"`))
+      assert.match(page.body, /<label for="from">From \(UTC\)/)
+
+      const backwards = await get(t, admin.cookie, '/auth/admin/events?from=2026-02-01T00:00&to=2026-01-01T00:00')
+      assert.equal(backwards.statusCode, 422)
+      assert.match(backwards.body, /id="to" name="to" type="datetime-local" value="2026-01-01T00:00"[^>]*aria-invalid="true"/)
+      assert.match(backwards.body, /To \(UTC\) must be later than From\./)
+      const garbage = await get(t, admin.cookie, '/auth/admin/events?from=yesterday')
+      assert.equal(garbage.statusCode, 422)
+      assert.match(garbage.body, /From \(UTC\) is not a date and time\./)
+    })
+
+    it('pages through filtered events with the filters kept in the link', async () => {
+      const username = uniqueName('pages')
+      const user = await createUser(t, { username })
+      for (let i = 0; i < 50; i++) {
+        assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { first_name: `N${i}` } })).statusCode, 200)
+      }
+      const first = await get(t, admin.cookie, `/auth/admin/events?target=${username}&from=2000-01-01T00:00`)
+      assert.equal(eventRows(first.body).length, 50)
+      const next = /<a href="([^"]+)" rel="next">Older events<\/a>/.exec(first.body)
+      assert.ok(next !== null, 'a link to the older events')
+      const url = next[1]!.replace(/&#38;/g, '&')
+      assert.match(url, new RegExp(`target=${username}&from=2000-01-01T00%3A00&cursor=`))
+      const second = eventRows((await get(t, admin.cookie, url)).body)
+      assert.deepEqual(second.map(r => r.type), ['user.created'])
+    })
+  })
+}
+
+for (const dialect of dialects()) {
+  describe(`admin console: second factors over HTTP (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
+    let admin: Person
+    before(async () => { admin = await person(t, 'admin') })
+
+    /** A user with an authenticator app and ten recovery codes, enrolled through the API with their own session. */
+    async function userWithTotp (): Promise<{ id: string, username: string }> {
+      const user = await createUser(t, { username: uniqueName('mfa') })
+      const token = /^gatehouse_session=(.*)$/.exec(await signIn(t, user.username))![1]!
+      const headers = { authorization: `Bearer ${token}` }
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers })
+      assert.equal(setup.statusCode, 200, setup.body)
+      const code = await generate({ secret: setup.json().secret })
+      const confirmed = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers, payload: { code } })
+      assert.equal(confirmed.statusCode, 200, confirmed.body)
+      return user
+    }
+
+    const factorsOf = async (id: string): Promise<{ totp: { enrolled: boolean }, passkeys: unknown[], recovery_codes_remaining: number }> =>
+      (await t.app.inject({ url: `/auth/api/users/${id}/mfa`, headers: auth(t.adminKey) })).json()
+
+    it('links every page to the signed-in admin\'s own account security page', async () => {
+      const res = await get(t, admin.cookie, '/auth/admin/users')
+      assert.match(res.body, /<div class="who">[^]*<a href="\/auth\/account">Account security<\/a>/)
+    })
+
+    it('shows a user\'s second factors and resets them after a confirmation, as the API\'s reset does, with a user.mfa_reset event', async () => {
+      const user = await userWithTotp()
+      const page = await get(t, admin.cookie, `/auth/admin/users/${user.id}`)
+      assert.equal(page.statusCode, 200)
+      assert.match(page.body, /<dt>Authenticator app<\/dt><dd>yes<\/dd>\s*<dt>Passkeys<\/dt><dd>0<\/dd>\s*<dt>Recovery codes left<\/dt><dd>10 of 10<\/dd>/)
+      assert.match(page.body, new RegExp(`<a class="button danger" href="/auth/admin/users/${user.id}/mfa-reset">Reset second factor&hellip;</a>`))
+
+      const confirm = await get(t, admin.cookie, `/auth/admin/users/${user.id}/mfa-reset`)
+      assert.equal(confirm.statusCode, 200)
+      assert.match(confirm.body, new RegExp(`<h1>Reset the second factor of ${user.username}\\?</h1>`))
+      assert.match(confirm.body, new RegExp(`<form method="post" action="/auth/admin/users/${user.id}/mfa-reset"`))
+      assert.equal((await factorsOf(user.id)).totp.enrolled, true, 'opening the confirmation changes nothing')
+
+      const done = await post(t, admin.cookie, `/auth/admin/users/${user.id}/mfa-reset`, {})
+      assert.equal(done.statusCode, 303, done.body)
+      assert.equal(done.headers.location, `/auth/admin/users/${user.id}?done=mfa-reset`)
+      const factors = await factorsOf(user.id)
+      assert.deepEqual({ totp: factors.totp.enrolled, passkeys: factors.passkeys.length, codes: factors.recovery_codes_remaining }, { totp: false, passkeys: 0, codes: 0 })
+      const [event, ...more] = await eventsOf(t, `type=user.mfa_reset&target_id=${user.id}`)
+      assert.equal(more.length, 0)
+      assert.deepEqual(event!.actor, { type: 'user', id: admin.id })
+      assert.deepEqual(event!.data, { totp: true, passkeys: 0, recovery_codes: 10 })
+      // The password alone signs them in again.
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: user.username, password: GOOD_PASSWORD } })).statusCode, 200)
+
+      const after = await get(t, admin.cookie, `/auth/admin/users/${user.id}?done=mfa-reset`)
+      assert.match(after.body, /role="status">Second factor reset: the authenticator app, passkeys and recovery codes are removed\.</)
+      assert.match(after.body, /<dt>Authenticator app<\/dt><dd>no<\/dd>/)
+      assert.match(after.body, /Nothing enrolled, so nothing to reset\./)
+      assert.doesNotMatch(after.body, /mfa-reset"/)
+    })
+
+    it('refuses a second-factor reset posted from another site (CSRF) or by a non-admin, and removes nothing', async () => {
+      const user = await userWithTotp()
+      for (const headers of [{ origin: 'https://evil.example' }, {}] as Array<Record<string, string>>) {
+        const res = await post(t, admin.cookie, `/auth/admin/users/${user.id}/mfa-reset`, {}, headers)
+        assert.equal(res.statusCode, 403, JSON.stringify(headers))
+      }
+      const plain = await person(t, 'user')
+      assert.equal((await post(t, plain.cookie, `/auth/admin/users/${user.id}/mfa-reset`, {})).statusCode, 403)
+      assert.equal((await factorsOf(user.id)).totp.enrolled, true)
+      assert.deepEqual(await eventsOf(t, `type=user.mfa_reset&target_id=${user.id}`), [])
     })
   })
 }

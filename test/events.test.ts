@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
+import { CompiledQuery } from 'kysely'
+import { listEventsQuery } from '../src/events/events.repository.ts'
+import { newId } from '../src/lib/ids.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
 
 for (const dialect of dialects()) {
   describe(`events (${dialect.name})`, () => {
@@ -91,6 +94,44 @@ for (const dialect of dialects()) {
       assert.ok((await events(`actor_id=${actor}`)).length >= 5)
       assert.deepEqual(await events('since=2999-01-01T00:00:00Z'), [])
       assert.ok((await events('until=2999-01-01T00:00:00Z&limit=1')).length === 1)
+    })
+
+    it('reads a time range far back in a long log through the occurred_at index, and pages it', async () => {
+      // An app of its own: 20,000 events would crowd the other tests' pages.
+      const own = await createTestApp(dialect)
+      try {
+        const start = Date.parse('2020-01-01T00:00:00Z')
+        const rows = Array.from({ length: 20_000 }, (_, i) => ({
+          id: newId(), type: 'user.updated', occurred_at: new Date(start + i * 60_000).toISOString(), actor_type: 'system', actor_id: null, target_type: null, target_id: null, request_id: null, client_ip: null, data: '{}'
+        }))
+        for (let i = 0; i < rows.length; i += 500) await own.app.db.insertInto('events').values(rows.slice(i, i + 500)).execute()
+        await own.app.db.executeQuery(CompiledQuery.raw('analyze'))
+
+        // The first day: 1,440 events, the oldest of the log.
+        const range = { since: '2020-01-01T00:00:00Z', until: '2020-01-02T00:00:00Z' }
+        const query = listEventsQuery(own.app.db, range, 100, undefined).compile()
+        const explain = dialect.name === 'sqlite' ? 'explain query plan ' : 'explain '
+        const plan = (await own.app.db.executeQuery(CompiledQuery.raw(explain + query.sql, [...query.parameters]))).rows
+        assert.match(JSON.stringify(plan), /events_occurred_at_idx/, JSON.stringify(plan))
+
+        const seen: string[] = []
+        let url: string | undefined = `/auth/api/events?since=${range.since}&until=${range.until}&limit=1000`
+        while (url !== undefined) {
+          const res: { json: () => Array<{ occurred_at: string }>, headers: Record<string, unknown> } = await own.app.inject({ url, headers: auth(own.adminKey) })
+          seen.push(...res.json().map(e => e.occurred_at))
+          const link = res.headers.link as string | undefined
+          url = link !== undefined ? /^<([^>]+)>/.exec(link)![1] : undefined
+        }
+        assert.equal(seen.length, 1440)
+        assert.deepEqual(seen, rows.slice(0, 1440).map(r => r.occurred_at).reverse(), 'every event of the range once, newest first')
+        const ranged = await own.app.inject({ url: `/auth/api/events?since=${range.since}&limit=1`, headers: auth(own.adminKey) })
+        const cursor = /cursor=([^>&]+)/.exec(String(ranged.headers.link))![1]!
+        const mixed = await own.app.inject({ url: `/auth/api/events?cursor=${cursor}`, headers: auth(own.adminKey) })
+        assert.equal(mixed.statusCode, 422)
+        assert.equal(mixed.json().code, 'invalid_cursor')
+      } finally {
+        await own.app.close()
+      }
     })
 
     it('rejects an unknown filter with 422 rather than ignoring it', async () => {

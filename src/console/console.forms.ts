@@ -205,17 +205,22 @@ export function parsePatch (fields: Fields, policy: PasswordPolicy): Parsed<User
   return { ok: true, value: patch as UserPatch }
 }
 
-/** `datetime-local` gives a wall-clock time without a zone; the form says it is UTC. */
+/** A `datetime-local` value (a wall-clock time without a zone) read as UTC, which the forms say; undefined if it is not one. */
+function utcOfLocalInput (value: string): string | undefined {
+  const match = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(?:\.\d{1,3})?)?$/.exec(value)
+  const at = match !== null ? new Date(`${match[1]!}T${match[2]!}${match[3] ?? ':00'}Z`) : undefined
+  return at === undefined || Number.isNaN(at.getTime()) ? undefined : at.toISOString()
+}
+
 export function parseKey (fields: Fields): Parsed<ApiKeyCreate> & { expires: string } {
   const expires = text(fields, 'expires_at').trim()
   const input: Record<string, unknown> = { name: text(fields, 'name').trim() }
   const scopes = all(fields, 'scopes').filter((s): s is Scope => (SCOPES as readonly string[]).includes(s))
   if (scopes.length > 0) input.scopes = [...new Set(scopes)]
   if (expires !== '') {
-    const match = /^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2})?$/.exec(expires)
-    const at = match !== null ? new Date(`${match[1]!}T${match[2]!}${match[3] ?? ':00'}Z`) : undefined
-    if (at === undefined || Number.isNaN(at.getTime())) return { ok: false, errors: { expires_at: 'is not a date and time' }, expires }
-    input.expires_at = at.toISOString()
+    const at = utcOfLocalInput(expires)
+    if (at === undefined) return { ok: false, errors: { expires_at: 'is not a date and time' }, expires }
+    input.expires_at = at
   }
   if (!checkKey(input)) return { ok: false, errors: fieldErrors(checkKey.errors), expires }
   return { ok: true, value: input as ApiKeyCreate, expires }
@@ -252,14 +257,50 @@ function parseQuery<T> (check: ((data: unknown) => boolean) & { errors?: ErrorOb
 }
 
 export const USER_QUERY_FIELDS = ['q', 'role', 'group', 'disabled', 'sort', 'cursor'] as const
-export const EVENT_QUERY_FIELDS = ['type', 'actor_id', 'target_id', 'cursor'] as const
 
 export function parseUsersQuery (query: unknown): ListUsersQuery {
   return parseQuery<ListUsersQuery>(checkUsersQuery, query, USER_QUERY_FIELDS)
 }
 
-export function parseEventsQuery (query: unknown): ListEventsQuery {
-  return parseQuery<ListEventsQuery>(checkEventsQuery, query, EVENT_QUERY_FIELDS)
+/** The events page's filters as typed: who by username or id, and a time range in UTC. */
+export interface EventsFilterValues { type: string, actor: string, target: string, from: string, to: string }
+
+export interface EventsFilter {
+  values: EventsFilterValues
+  /** The API's own filters that need no look-up: type, the time range and the page. */
+  query: Pick<ListEventsQuery, 'type' | 'since' | 'until' | 'cursor'>
+  errors: FieldErrors
+}
+
+/**
+ * The events page's query. `actor` and `target` stay as typed (a username or
+ * an id), to be resolved by the caller; `from` and `to` are `datetime-local`
+ * values read as UTC, `from` included and `to` not, as the API's `since` and
+ * `until`. `actor_id` and `target_id`, the page's earlier names, still work.
+ */
+export function parseEventsFilter (query: unknown): EventsFilter {
+  const q = (query ?? {}) as Record<string, unknown>
+  const one = (name: string): string => text(q, name).trim()
+  const values: EventsFilterValues = {
+    type: one('type'),
+    actor: one('actor') || one('actor_id'),
+    target: one('target') || one('target_id'),
+    from: one('from'),
+    to: one('to')
+  }
+  const errors: FieldErrors = {}
+  const since = values.from !== '' ? utcOfLocalInput(values.from) : undefined
+  const until = values.to !== '' ? utcOfLocalInput(values.to) : undefined
+  if (values.from !== '' && since === undefined) errors.from = 'is not a date and time'
+  if (values.to !== '' && until === undefined) errors.to = 'is not a date and time'
+  if (since !== undefined && until !== undefined && until <= since) errors.to = 'must be later than From'
+  for (const name of ['actor', 'target'] as const) if (values[name].length > 64) errors[name] = 'is too long (at most 64 characters)'
+  const checked = parseQuery<ListEventsQuery>(checkEventsQuery, { type: values.type, cursor: one('cursor') }, ['type', 'cursor'])
+  return {
+    values,
+    query: { ...checked, ...(since !== undefined ? { since } : {}), ...(until !== undefined ? { until } : {}) },
+    errors
+  }
 }
 
 /** An endpoint page's query: the deliveries' filter and page (`status`, `cursor`) and the attempts' page (`attempts_cursor`). */

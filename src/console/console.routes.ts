@@ -6,10 +6,11 @@ import type { Principal } from '../auth/principal.ts'
 import { AppError, logFailure, mapDatabaseError } from '../errors.ts'
 import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
 import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
-import { listEventsPage } from '../events/events.service.ts'
+import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
+import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
 import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
-import { authenticateSession } from '../sessions/sessions.service.ts'
+import { authenticateSession, type SessionsDeps } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
@@ -42,7 +43,7 @@ import {
   formValuesOf,
   originalValuesFrom,
   parseCreate,
-  parseEventsQuery,
+  parseEventsFilter,
   parseKey,
   parsePatch,
   parseUsersQuery,
@@ -63,6 +64,7 @@ import {
   deleteWebhookPage,
   errorPage,
   eventsPage,
+  mfaResetPage,
   newUserPage,
   notAdminPage,
   secretPage,
@@ -109,8 +111,12 @@ const NOTICES: Record<string, string> = {
   revoked: 'Key revoked.',
   'webhook-enabled': 'Endpoint enabled: its queued deliveries are sent again.',
   'webhook-disabled': 'Endpoint disabled: nothing is sent to it; new events still queue for it.',
-  retried: 'Delivery queued: it is sent again shortly.'
+  retried: 'Delivery queued: it is sent again shortly.',
+  'mfa-reset': 'Second factor reset: the authenticator app, passkeys and recovery codes are removed.'
 }
+
+/** An event filter's value that is an id rather than a username: a UUID, or `cli` (the command line's actor). */
+const EVENT_PARTY_ID = /^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|cli)$/i
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -118,7 +124,8 @@ declare module 'fastify' {
   }
 }
 
-export default async function consoleRoutes (app: FastifyTypeBox): Promise<void> {
+/** `sessions` is what the second-factor service needs, as the MFA routes get it. */
+export default async function consoleRoutes (app: FastifyTypeBox, sessions: SessionsDeps): Promise<void> {
   const base = app.config.basePath
   const admin = `${base}/admin`
   const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config) }
@@ -186,13 +193,15 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
 
   const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
     const { user, version } = await getUser(deps, id)
-    const [signIn, events, lastAdmin] = await Promise.all([
+    const [signIn, events, lastAdmin, mfa] = await Promise.all([
       getSignInState(deps, id),
       listEventsPage(app.db, { target_id: id, limit: USER_EVENTS }),
-      isLastAdmin(user)
+      isLastAdmin(user),
+      mfaStatus(sessions, id)
     ])
+    const eventNames = await partyNamesOf(app.db, events.events)
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, moreEvents: events.nextCursor !== undefined, lastAdmin, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, ...extra
     }))
   }
 
@@ -293,6 +302,18 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
     return await seeOther(reply, `${admin}/users/${id}?done=sessions-ended`)
   })
 
+  // The same reset as DELETE /api/users/{user_id}/mfa, after a page that says what goes.
+  app.get('/admin/users/:user_id/mfa-reset', userRoute, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    const [{ user }, mfa] = await Promise.all([getUser(deps, id), mfaStatus(sessions, id)])
+    return sendPage(reply, 200, mfaResetPage(viewOf(request), user, mfa))
+  })
+
+  app.post('/admin/users/:user_id/mfa-reset', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    await resetFactors(sessions, requestContext(request), request.params.user_id)
+    return await seeOther(reply, `${admin}/users/${request.params.user_id}?done=mfa-reset`)
+  })
+
   app.get('/admin/users/:user_id/delete', userRoute, async (request: UserRequest, reply) => {
     const { user, version } = await getUser(deps, request.params.user_id)
     return sendPage(reply, 200, deletePage(viewOf(request), user, version, await isLastAdmin(user) ? lastAdminText(user.username) : undefined))
@@ -362,9 +383,26 @@ export default async function consoleRoutes (app: FastifyTypeBox): Promise<void>
   // Events
 
   app.get('/admin/events', { schema: hidden }, async (request, reply) => {
-    const query = parseEventsQuery(request.query)
-    const page = await listEventsPage(app.db, { ...query, limit: PAGE_SIZE })
-    return sendPage(reply, 200, eventsPage(viewOf(request), page.events, query, page.nextCursor))
+    const filter = parseEventsFilter(request.query)
+    const view = { filter: filter.values, errors: filter.errors, cursor: filter.query.cursor, unmatched: [] as string[] }
+    if (Object.keys(filter.errors).length > 0) {
+      return sendPage(reply, 422, eventsPage(viewOf(request), { ...view, events: [], names: await partyNamesOf(app.db, []), nextCursor: undefined }))
+    }
+    // A username first (a user may be named like an id), else an id; neither lists nothing and says so, rather than failing the page.
+    const idOf = async (value: string, role: 'actor' | 'target'): Promise<string | undefined> => {
+      if (value === '') return undefined
+      const id = await userIdOfUsername(app.db, value)
+      if (id !== undefined) return id
+      if (EVENT_PARTY_ID.test(value)) return value.toLowerCase()
+      view.unmatched.push(`No user is named “${value}” (the ${role} filter).`)
+      return undefined
+    }
+    const [actorId, targetId] = [await idOf(filter.values.actor, 'actor'), await idOf(filter.values.target, 'target')]
+    const page = view.unmatched.length > 0
+      ? { events: [], nextCursor: undefined }
+      : await listEventsPage(app.db, { ...filter.query, actor_id: actorId, target_id: targetId, limit: PAGE_SIZE })
+    const names = await partyNamesOf(app.db, page.events)
+    return sendPage(reply, 200, eventsPage(viewOf(request), { ...view, events: page.events, names, nextCursor: page.nextCursor }))
   })
 
   // -------------------------------------------------------------------------

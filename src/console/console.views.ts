@@ -2,10 +2,12 @@ import type { ApiKey, ApiKeyWithSecret } from '../api-keys/api-keys.schemas.ts'
 import { SCOPES } from '../auth/principal.ts'
 import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
+import type { PartyNames } from '../events/events.service.ts'
+import type { MfaStatus } from '../mfa/mfa.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
 import type { SignInState } from '../users/users.service.ts'
 import type { Webhook, WebhookAttempt, WebhookDelivery, WebhookTestResult, WebhookWithSecret } from '../webhooks/webhooks.schemas.ts'
-import { changedFields, formValuesOf, type FieldErrors, type UserFormValues, type WebhookFormValues } from './console.forms.ts'
+import { changedFields, formValuesOf, type EventsFilterValues, type FieldErrors, type UserFormValues, type WebhookFormValues } from './console.forms.ts'
 import { html, queryOf, type SafeHtml } from './html.ts'
 
 /** What every page needs to know: where it is served and who is looking. */
@@ -26,6 +28,7 @@ export function layout (ctx: ViewContext, title: string, section: Section, body:
   const header = ctx.username !== undefined
     ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}</ul></nav>
 <div class="who"><span>Signed in as <strong>${ctx.username}</strong></span>
+<a href="${ctx.base}/account">Account security</a>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form></div>`
     : ''
   const notice = ctx.notice !== undefined && ctx.notice !== '' ? html`<div class="notice" role="status">${ctx.notice}</div>` : ''
@@ -60,11 +63,11 @@ function options<T extends string> (values: ReadonlyArray<readonly [T, string]>,
 }
 
 /** An input with its label, hint and error, wired together for screen readers. */
-function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string } = {}): SafeHtml {
+function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string, filter?: boolean } = {}): SafeHtml {
   const error = errors[name]
   const described = [extra.hint !== undefined ? `${name}-hint` : '', error !== undefined ? `${name}-error` : ''].filter(Boolean).join(' ')
   return html`<div class="field">
-<label for="${name}">${label}${extra.required === true ? '' : html` <span class="muted">(optional)</span>`}</label>
+<label for="${name}">${label}${extra.required === true || extra.filter === true ? '' : html` <span class="muted">(optional)</span>`}</label>
 <input id="${name}" name="${name}" type="${extra.type ?? 'text'}" value="${value}"${extra.required === true ? html` required` : ''}${extra.autocomplete !== undefined ? html` autocomplete="${extra.autocomplete}"` : ''}${described !== '' ? html` aria-describedby="${described}"` : ''}${error !== undefined ? html` aria-invalid="true"` : ''}>
 ${extra.hint !== undefined ? html`<p class="hint" id="${name}-hint">${extra.hint}</p>` : ''}
 ${error !== undefined ? html`<p class="field-error" id="${name}-error">${label} ${error}.</p>` : ''}
@@ -179,7 +182,11 @@ export interface UserView {
   version: number
   signIn: SignInState
   events: Event[]
+  /** Who the events name, as people know them. */
+  eventNames: PartyNames
   moreEvents: boolean
+  /** The user's second factors, as GET /api/users/{user_id}/mfa shows them. */
+  mfa: MfaStatus
   /** The only enabled admin: the last-admin rule applies to them. */
   lastAdmin: boolean
   values?: UserFormValues
@@ -193,18 +200,70 @@ export interface UserView {
   created?: boolean
 }
 
-export function eventsTable (ctx: ViewContext, events: Event[], caption: string): SafeHtml {
+/** How a value in an event's data reads: lists joined, nothing as a dash, secrets as the API shows them ("[redacted]"). */
+function readable (value: unknown): string {
+  if (value === null || value === undefined) return '—'
+  if (Array.isArray(value)) return value.length === 0 ? '(none)' : value.map(readable).join(', ')
+  if (typeof value === 'object') return JSON.stringify(value)
+  return String(value)
+}
+
+function isChange (value: unknown): value is { from: unknown, to: unknown } {
+  return typeof value === 'object' && value !== null && 'from' in value && 'to' in value
+}
+
+/** An event's data as lines: "field: old → new" for each change, "name: value" for the rest. */
+export function dataLines (data: Record<string, unknown>): SafeHtml {
+  const lines: SafeHtml[] = []
+  for (const [name, value] of Object.entries(data)) {
+    if (name === 'changes' && typeof value === 'object' && value !== null && !Array.isArray(value)) {
+      for (const [field, change] of Object.entries(value)) {
+        lines.push(isChange(change) ? html`<li>${field}: ${readable(change.from)} &rarr; ${readable(change.to)}</li>` : html`<li>${field}: ${readable(change)}</li>`)
+      }
+    } else {
+      lines.push(html`<li>${name}: ${readable(value)}</li>`)
+    }
+  }
+  return lines.length === 0 ? html`<span class="muted">&mdash;</span>` : html`<ul class="lines">${lines}</ul>`
+}
+
+const NO_NAMES: PartyNames = { users: new Map(), apiKeys: new Map(), webhooks: new Map() }
+
+/**
+ * An event's actor or target as people know it (username, key name, endpoint
+ * URL), linking to its page; the id stays under it, for the API and for
+ * records that no longer exist.
+ */
+function party (ctx: ViewContext, type: string, id: string | null, names: PartyNames, deletedName?: string): SafeHtml {
+  if (id === null) return html`${type}`
+  if (type === 'system' && id === 'cli') return html`the <code>gatehouse</code> command`
+  const admin = `${ctx.base}/admin`
+  const idLine = html`<br><span class="id muted">${id}</span>`
+  if (type === 'user') {
+    const username = names.users.get(id)
+    if (username !== undefined) return html`<a href="${admin}/users/${id}">${username}</a>${idLine}`
+    return html`deleted user${deletedName !== undefined ? html` ${deletedName}` : ''}${idLine}`
+  }
+  if (type === 'api_key') {
+    const name = names.apiKeys.get(id)
+    return name !== undefined ? html`API key <a href="${admin}/api-keys?include_revoked=true#key-${id}">${name}</a>${idLine}` : html`deleted API key${idLine}`
+  }
+  if (type === 'webhook') {
+    const url = names.webhooks.get(id)
+    return url !== undefined ? html`endpoint <a href="${admin}/webhooks/${id}" class="wrap">${url}</a>${idLine}` : html`deleted endpoint${idLine}`
+  }
+  return html`${type}${idLine}`
+}
+
+export function eventsTable (ctx: ViewContext, events: Event[], caption: string, names: PartyNames = NO_NAMES): SafeHtml {
   if (events.length === 0) return html`<p class="panel">No events.</p>`
-  const users = `${ctx.base}/admin/users`
-  const who = (type: string, id: string | null): SafeHtml =>
-    id === null ? html`${type}` : type === 'user' ? html`user <a href="${users}/${id}" class="id">${id}</a>` : html`${type} <code>${id}</code>`
-  return html`<div class="table-wrap" role="region" aria-label="${caption}" tabindex="0"><table class="cards">
+  return html`<div class="table-wrap" role="region" aria-label="${caption}" tabindex="0"><table class="cards events">
 <caption class="visually-hidden">${caption}, newest first</caption>
 <thead><tr><th scope="col">When</th><th scope="col">Event</th><th scope="col">Actor</th><th scope="col">Target</th><th scope="col">Details</th></tr></thead>
 <tbody>${events.map(e => html`<tr>
-<td data-label="When">${date(e.occurred_at)}</td><td data-label="Event"><code>${e.type}</code></td><td data-label="Actor">${who(e.actor.type, e.actor.id)}</td>
-<td data-label="Target">${e.target === null ? '' : who(e.target.type, e.target.id)}</td>
-<td data-label="Details" class="data"><code>${JSON.stringify(e.data)}</code>${e.client_ip !== null ? html`<br><span class="muted">from ${e.client_ip}</span>` : ''}</td>
+<td data-label="When">${date(e.occurred_at)}</td><td data-label="Event"><code>${e.type}</code></td><td data-label="Actor">${party(ctx, e.actor.type, e.actor.id, names)}</td>
+<td data-label="Target">${e.target === null ? '' : party(ctx, e.target.type, e.target.id, names, e.type === 'user.deleted' && typeof e.data.username === 'string' ? e.data.username : undefined)}</td>
+<td data-label="Details" class="data">${dataLines(e.data)}${e.client_ip !== null ? html`<div class="muted">from ${e.client_ip}</div>` : ''}</td>
 </tr>`)}</tbody></table></div>`
 }
 
@@ -253,17 +312,59 @@ ${user.disabled
 </div>
 <p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
 </section>
+${mfaSection(url, user, view.mfa)}
 ${view.created === true
 ? ''
 : html`<section class="panel" aria-labelledby="db-user-title"><h2 id="db-user-title">Database user (optional)</h2>
 <p>The console never creates or drops database roles. To give ${user.username} a role in the service's database, run:</p>
 ${dbUserCommand(user.username, 'create')}</section>`}
 <section aria-labelledby="events-title"><h2 id="events-title">Events about ${user.username}</h2>
-${eventsTable(ctx, view.events, `Events about ${user.username}`)}
-<p class="pager"><a href="${ctx.base}/admin/events${queryOf({ target_id: user.id })}">${view.moreEvents ? 'All events about this user' : 'Open in the event timeline'}</a>
-<a href="${ctx.base}/admin/events${queryOf({ actor_id: user.id })}">What ${user.username} did</a></p>
+${eventsTable(ctx, view.events, `Events about ${user.username}`, view.eventNames)}
+<p class="pager"><a href="${ctx.base}/admin/events${queryOf({ target: user.id })}">${view.moreEvents ? 'All events about this user' : 'Open in the event timeline'}</a>
+<a href="${ctx.base}/admin/events${queryOf({ actor: user.id })}">What ${user.username} did</a></p>
 </section>`
   return layout(ctx, user.username, 'users', body)
+}
+
+/** Whether the user has anything a reset would remove. */
+function hasFactors (mfa: MfaStatus): boolean {
+  return mfa.totp.enrolled || mfa.totp.pending || mfa.passkeys.length > 0 || mfa.recovery_codes_remaining > 0
+}
+
+function mfaFacts (mfa: MfaStatus): SafeHtml {
+  return html`<dl class="facts" id="mfa-state">
+<dt>Authenticator app</dt><dd>${mfa.totp.enrolled ? 'yes' : mfa.totp.pending ? 'no (a set-up waits for its first code)' : 'no'}</dd>
+<dt>Passkeys</dt><dd>${mfa.passkeys.length}${mfa.passkeys.length > 0 ? html` <span class="muted">(${mfa.passkeys.map(p => p.name).join(', ')})</span>` : ''}</dd>
+<dt>Recovery codes left</dt><dd>${mfa.recovery_codes_remaining} of 10</dd>
+<dt>Required</dt><dd>${mfa.required ? 'yes: MFA_REQUIRED applies to this user, who must enrol a factor at sign-in if they have none' : 'no (MFA_REQUIRED does not apply to this user)'}</dd>
+</dl>`
+}
+
+function mfaSection (url: string, user: User, mfa: MfaStatus): SafeHtml {
+  return html`<section class="panel" aria-labelledby="mfa-title"><h2 id="mfa-title">Second factor</h2>
+${mfaFacts(mfa)}
+${hasFactors(mfa)
+  ? html`<div class="actions"><a class="button danger" href="${url}/mfa-reset">Reset second factor&hellip;</a></div>
+<p class="hint">For someone who lost their phone or security key: removes ${user.username}'s authenticator app, passkeys and recovery codes, after a confirmation. They enrol again on their account security page.</p>`
+  : html`<p class="hint">Nothing enrolled, so nothing to reset. ${user.username} enrols a factor on their account security page after signing in.</p>`}
+</section>`
+}
+
+/** The confirmation before a second-factor reset: who, and exactly what goes. */
+export function mfaResetPage (ctx: ViewContext, user: User, mfa: MfaStatus): string {
+  const url = `${ctx.base}/admin/users/${user.id}`
+  const body = html`<h1>Reset the second factor of ${user.username}?</h1>
+<section class="panel">
+<p>This removes every second factor of <strong>${user.username}</strong>${user.email !== null ? html` (${user.email})` : ''}, id <code>${user.id}</code>: the authenticator app, all passkeys and the unused recovery codes, and cancels sign-ins waiting for a second factor. Their password, sessions and API keys stay. The event log records it (<code>user.mfa_reset</code>).</p>
+${mfaFacts(mfa)}
+<p>${mfa.required
+  ? `MFA_REQUIRED applies to ${user.username}: at their next sign-in they must enrol a new factor before they get in.`
+  : `Afterwards ${user.username} signs in with the password alone until they enrol a factor again on their account security page.`}</p>
+<form method="post" action="${url}/mfa-reset" class="actions">
+<button type="submit" class="danger">Reset the second factor of ${user.username}</button>
+<a href="${url}">Cancel</a>
+</form></section>`
+  return layout(ctx, `Reset the second factor of ${user.username}`, 'users', body)
 }
 
 export function deletePage (ctx: ViewContext, user: User, version: number, blocked?: string): string {
@@ -335,7 +436,7 @@ export function apiKeysPage (ctx: ViewContext, keys: ApiKey[], includeRevoked: b
   const rows = keys.map(key => {
     const expired = key.expires_at !== null && Date.parse(key.expires_at) <= Date.now()
     const status = key.revoked_at !== null ? html`<span class="badge off">revoked</span>` : expired ? html`<span class="badge off">expired</span>` : 'active'
-    return html`<tr>
+    return html`<tr id="key-${key.id}">
 <td data-label="Name">${key.name}</td><td data-label="Prefix"><code>${key.prefix}&hellip;</code></td><td data-label="Scopes">${key.scopes.join(', ')}</td>
 <td data-label="Owner">${key.user_id === null ? html`<span class="muted">deployment</span>` : html`<a href="${ctx.base}/admin/users/${key.user_id}">owner's account</a>`}</td>
 <td data-label="Created">${date(key.created_at)}</td><td data-label="Expires">${key.expires_at === null ? html`<span class="muted">no expiry</span>` : date(key.expires_at)}</td><td data-label="Last used">${date(key.last_used_at)}</td><td data-label="Status">${status}</td>
@@ -390,24 +491,44 @@ export function secretPage (ctx: ViewContext, key: ApiKeyWithSecret, rotated: bo
 // ---------------------------------------------------------------------------
 // Events
 
-export function eventsPage (ctx: ViewContext, events: Event[], query: { type?: string | undefined, actor_id?: string | undefined, target_id?: string | undefined, cursor?: string | undefined }, nextCursor: string | undefined): string {
+export interface EventsView {
+  events: Event[]
+  names: PartyNames
+  /** The filters as typed, to show again and to keep in the paging links. */
+  filter: EventsFilterValues
+  errors: FieldErrors
+  /** Why nothing is listed although the filters are valid (a username no user has). */
+  unmatched: string[]
+  cursor: string | undefined
+  nextCursor: string | undefined
+}
+
+export function eventsPage (ctx: ViewContext, view: EventsView): string {
   const page = `${ctx.base}/admin/events`
-  const filters = { type: query.type, actor_id: query.actor_id, target_id: query.target_id }
-  const filtered = Object.values(filters).some(v => v !== undefined)
+  const f = view.filter
+  const filters = { type: f.type, actor: f.actor, target: f.target, from: f.from, to: f.to }
+  const filtered = Object.values(filters).some(v => v !== '')
   const body = html`<h1>Events</h1>
-<form class="panel filters" method="get" action="${page}" aria-label="Filter events">
-<div class="field"><label for="type">Type</label><select id="type" name="type">${options([['', 'Any'], ...EVENT_TYPES.map(t => [t, t] as const)], query.type ?? '')}</select></div>
-<div class="field"><label for="actor_id">Actor id</label><input id="actor_id" name="actor_id" type="text" value="${query.actor_id ?? ''}" autocomplete="off"></div>
-<div class="field"><label for="target_id">Target id</label><input id="target_id" name="target_id" type="text" value="${query.target_id ?? ''}" autocomplete="off"></div>
+${Object.keys(view.errors).length === 0 ? '' : html`<div class="error" role="alert" id="form-errors"><strong>These filters cannot be used.</strong><ul>${Object.entries(view.errors).map(([name, detail]) => html`<li><a href="#${name}">${EVENT_FILTER_LABELS[name] ?? name}</a> ${detail}</li>`)}</ul></div>`}
+<form class="panel filters roomy" method="get" action="${page}" role="search" aria-label="Filter events">
+<div class="field"><label for="type">Type</label><select id="type" name="type">${options([['', 'Any'], ...EVENT_TYPES.map(t => [t, t] as const)], f.type)}</select></div>
+${input('actor', 'Actor', f.actor, view.errors, { filter: true, autocomplete: 'off', hint: 'Who did it: a username or an id.' })}
+${input('target', 'Target', f.target, view.errors, { filter: true, autocomplete: 'off', hint: 'Done to: a username or an id.' })}
+${input('from', 'From (UTC)', f.from, view.errors, { filter: true, type: 'datetime-local', hint: 'At or after this time.' })}
+${input('to', 'To (UTC)', f.to, view.errors, { filter: true, type: 'datetime-local', hint: 'Before this time.' })}
 <div class="field actions"><button type="submit">Apply</button>${filtered ? html`<a href="${page}">Clear</a>` : ''}</div>
 </form>
-${eventsTable(ctx, events, 'Events')}
+${view.unmatched.length > 0
+  ? html`<div class="warning" role="status" id="unmatched"><strong>No events listed.</strong> ${view.unmatched.join(' ')} A deleted user's events are found by their id.</div>`
+  : eventsTable(ctx, view.events, filtered ? 'Events matching the filters' : 'Events', view.names)}
 <nav class="pager" aria-label="Pages">
-${query.cursor !== undefined ? html`<a href="${page}${queryOf(filters)}">Newest</a>` : ''}
-${nextCursor !== undefined ? html`<a href="${page}${queryOf({ ...filters, cursor: nextCursor })}" rel="next">Older events</a>` : ''}
+${view.cursor !== undefined ? html`<a href="${page}${queryOf(filters)}">Newest</a>` : ''}
+${view.nextCursor !== undefined ? html`<a href="${page}${queryOf({ ...filters, cursor: view.nextCursor })}" rel="next">Older events</a>` : ''}
 </nav>`
   return layout(ctx, 'Events', 'events', body)
 }
+
+const EVENT_FILTER_LABELS: Record<string, string> = { actor: 'Actor', target: 'Target', from: 'From (UTC)', to: 'To (UTC)' }
 
 // ---------------------------------------------------------------------------
 // Webhooks

@@ -41,8 +41,8 @@ export const ListEventsQuery = Type.Object({
   type: Type.Optional(Type.String({ maxLength: 64, description: 'Only events of this type.' })),
   actor_id: Type.Optional(Type.String({ maxLength: 64 })),
   target_id: Type.Optional(Type.String({ maxLength: 64 })),
-  since: Type.Optional(Timestamp({ description: 'Only events at or after this time.' })),
-  until: Type.Optional(Timestamp({ description: 'Only events before this time.' })),
+  since: Type.Optional(Timestamp({ description: 'Only events at or after this time (inclusive). With `since` or `until` the events are ordered by `occurred_at`, then id, newest first, and read through an index on the time.' })),
+  until: Type.Optional(Timestamp({ description: 'Only events before this time (exclusive).' })),
   limit: Type.Optional(Type.Integer({ format: 'int32', minimum: 1, maximum: EVENTS_PAGE_MAX, default: 100 })),
   cursor: Type.Optional(Type.String({ maxLength: 512, description: 'From the `Link: rel="next"` header of the previous page.' }))
 }, { additionalProperties: false })
