@@ -107,6 +107,7 @@ for (const dialect of dialects()) {
       assert.deepEqual(await adminAttempts(t, passwordOnly), { key: 403, adminUser: 403, role: 'user', mfa: 'false' })
       const console = await t.app.inject({ url: '/auth/admin/users', cookies: { gatehouse_session: passwordOnly } })
       assert.equal(console.statusCode, 403, 'the admin console is closed to it too')
+      assert.match(console.body, /opened without a second factor.*sign in again/s, 'and says how to get in')
     })
 
     it('refuses an API-made provider whose issuer leads to an internal address, unless WEBHOOK_ALLOW_PRIVATE is set', async () => {

@@ -12,6 +12,7 @@ import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { authenticateSession, type SessionsDeps } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
+import { findUserById } from '../users/users.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
   createWebhook,
@@ -166,7 +167,9 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     // Every change rides on the cookie, so it must come from our own pages.
     if (request.method !== 'GET' && request.method !== 'HEAD') assertSameOrigin(request, app.config.trustedOrigins)
     if (principal.user?.role !== 'admin') {
-      return await sendPage(reply, 403, notAdminPage(viewOf(request), principal.user?.username ?? ''))
+      // An admin whose session had no second factor acts as a user where MFA_REQUIRED applies: say how to get in.
+      const storedRole = principal.userId !== null && principal.mfa !== true && app.config.mfaRequired !== 'off' ? (await findUserById(app.db, principal.userId))?.role : undefined
+      return await sendPage(reply, 403, notAdminPage(viewOf(request), principal.user?.username ?? '', storedRole === 'admin'))
     }
     request.consoleUser = principal.user.username
   })

@@ -720,8 +720,12 @@ export function errorPage (ctx: ViewContext, title: string, message: string, ext
 <p><a href="${ctx.base}/admin">Back to the console</a></p>`)
 }
 
-export function notAdminPage (ctx: ViewContext, username: string): string {
+/** `needsSecondFactor`: the account is an admin, but this session's sign-in had no second factor and MFA_REQUIRED asks for one. */
+export function notAdminPage (ctx: ViewContext, username: string, needsSecondFactor = false): string {
+  const reason = needsSecondFactor
+    ? html`You are signed in as <strong>${username}</strong>, an admin, but this session was opened without a second factor, and this deployment requires one for admin rights. Sign out, then sign in again with your authenticator app, a passkey or a recovery code.`
+    : html`You are signed in as <strong>${username}</strong>, who does not have the admin role. The console is for admins; ask one to make you an admin, or sign in as one.`
   return layout({ ...ctx, username: undefined }, 'Not an admin', undefined, html`<h1>Admins only</h1>
-<div class="error" role="alert">You are signed in as <strong>${username}</strong>, who does not have the admin role. The console is for admins; ask one to make you an admin, or sign in as one.</div>
+<div class="error" role="alert">${reason}</div>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form>`)
 }
