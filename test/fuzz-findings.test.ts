@@ -31,5 +31,11 @@ for (const dialect of dialects()) {
       assert.equal(res.statusCode, 413, res.body)
       assert.match(String(res.headers['content-type']), /^text\/html/)
     })
+
+    it('an OIDC callback whose Host header cannot be part of a URL gets 400 and a page, not 500', async () => {
+      const res = await t.app.inject({ url: '/auth/sso/someprovider/callback?code=x&state=y', headers: { host: 'a b' } })
+      assert.equal(res.statusCode, 400, res.body)
+      assert.match(String(res.headers['content-type']), /^text\/html/)
+    })
   })
 }
