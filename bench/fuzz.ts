@@ -9,19 +9,19 @@
  *
  * FUZZ_REQUESTS (100000), FUZZ_SEED (random, printed), FUZZ_DATABASE (sqlite,
  * or a postgres:// URL: a fresh schema, dropped afterwards), FUZZ_REDIS_URL,
- * FUZZ_CONCURRENCY (8), FUZZ_TIME_LIMIT_S (3600).
+ * FUZZ_CONCURRENCY (8), FUZZ_TIME_LIMIT_S (3600), FUZZ_KEEP_TMP (keep the server log).
  */
 import { randomBytes, randomInt } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import pg from 'pg'
-import { childEnv, cleanUp, envInt, fmt, freePort, HOST, installCleanUp, isRunning, log, makeTmpDir, runBench, startChild, tail, waitReady } from './harness.ts'
+import { childEnv, cleanUp, envFlag, envInt, fmt, freePort, HOST, installCleanUp, isRunning, log, makeTmpDir, runBench, startChild, tail, waitReady } from './harness.ts'
 import { FUZZ_ADMIN_PASSWORD, FUZZ_ADMIN_USERNAME, FUZZ_SERVER_ENV, runFuzz, shorten, type Finding } from './fuzz-requests.ts'
 
 const BASE_PATH = '/auth'
 
 async function main (): Promise<void> {
-  installCleanUp({ keepTmp: false })
+  installCleanUp({ keepTmp: envFlag('FUZZ_KEEP_TMP') })
   const requests = envInt('FUZZ_REQUESTS', 100_000)
   const concurrency = envInt('FUZZ_CONCURRENCY', 8)
   const timeLimitS = envInt('FUZZ_TIME_LIMIT_S', 3600)
