@@ -187,7 +187,8 @@ const FASTIFY_ERRORS: Record<string, [ErrorCode, number, string]> = {
   FST_ERR_ASYNC_CONSTRAINT: ['internal_error', 500, 'Something went wrong on our side. The request id identifies it in our logs.']
 }
 
-function toAppError (error: unknown): AppError {
+/** Any thrown value as the AppError it answers as: ours as they are, database and Fastify errors by their meaning, anything else 500. */
+export function toAppError (error: unknown): AppError {
   if (error instanceof AppError) return error
   const mapped = mapDatabaseError(error)
   if (mapped !== undefined) return mapped

@@ -3,7 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../app.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
-import { AppError, logFailure, mapDatabaseError } from '../errors.ts'
+import { AppError, logFailure, toAppError } from '../errors.ts'
 import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
 import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
@@ -140,15 +140,14 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   const seeOther = (reply: FastifyReply, location: string): FastifyReply => reply.code(303).header('Location', location).send()
 
   app.setErrorHandler(async (error, request, reply) => {
-    const appError = error instanceof AppError
-      ? error
-      : mapDatabaseError(error) ?? ((error as { validation?: unknown }).validation !== undefined
-        ? new AppError('validation_failed', 422, 'This address is not one the console knows (an id or parameter is not valid).')
-        : undefined)
+    // Fastify's own refusals (a body over the limit, one without a content type) keep their 4xx, as in the API.
+    const appError = !(error instanceof AppError) && (error as { validation?: unknown }).validation !== undefined
+      ? new AppError('validation_failed', 422, 'This address is not one the console knows (an id or parameter is not valid).')
+      : toAppError(error)
     logFailure(request.log, appError, error)
-    const status = appError?.status ?? 500
-    const message = appError?.detail ?? `Something went wrong on our side. Quote request id ${request.id} when reporting it.`
-    for (const [name, value] of Object.entries(appError?.headers ?? {})) reply.header(name, value)
+    const status = appError.status
+    const message = appError.code === 'internal_error' ? `Something went wrong on our side. Quote request id ${request.id} when reporting it.` : appError.detail
+    for (const [name, value] of Object.entries(appError.headers)) reply.header(name, value)
     const title = status === 404 ? 'Not found' : status === 403 ? 'Refused' : status >= 500 ? 'Something went wrong' : 'Not done'
     return sendPage(reply, status, errorPage(viewOf(request), title, message))
   })

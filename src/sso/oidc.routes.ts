@@ -50,9 +50,15 @@ export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): P
   const basePath = app.config.basePath
   // Through safeNext again: a sign-in started before an upgrade kept its `next` as given, unencoded.
   const afterSignIn = (next: string | undefined): string => safeNext(next) ?? app.config.loginDefaultNext ?? `${basePath}/login`
-  /** The redirect URI: the same at the start and at the callback, and what the provider has registered. */
-  const redirectUri = (request: FastifyRequest, providerId: string): string =>
-    `${app.config.oidcRedirectOrigin ?? `${request.protocol}://${request.host}`}${basePath}/sso/${providerId}/callback`
+  /**
+   * The redirect URI: the same at the start and at the callback, and what the provider has registered.
+   * Undefined when the Host header cannot be part of a URL (`a b`): no browser sends such a one.
+   */
+  const redirectUri = (request: FastifyRequest, providerId: string): string | undefined => {
+    const uri = `${app.config.oidcRedirectOrigin ?? `${request.protocol}://${request.host}`}${basePath}/sso/${providerId}/callback`
+    return URL.canParse(uri) ? uri : undefined
+  }
+  const BAD_HOST = 'This address (its Host header) is not one a sign-in can return to.'
   const page = (reply: FastifyReply, status: number, message: string, next?: string): FastifyReply =>
     sendHtmlPage(reply, status, refusalPage(basePath, message, next), CSP)
   // The id goes into a redirect URI and a lookup; anything else is answered as an unknown provider.
@@ -64,7 +70,9 @@ export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): P
     const next = safeNext((request.query as Record<string, unknown>).next)
     try {
       if (!validId(providerId)) throw new AppError('sso_provider_not_found', 404, 'unknown provider')
-      const started = await startLogin(deps, providerId, next, redirectUri(request, providerId))
+      const uri = redirectUri(request, providerId)
+      if (uri === undefined) return page(reply, 400, BAD_HOST, next)
+      const started = await startLogin(deps, providerId, next, uri)
       const secure = request.protocol === 'https'
       reply.setCookie(secure ? STATE_COOKIE_SECURE : STATE_COOKIE_PLAIN, started.state, {
         path: '/', httpOnly: true, sameSite: 'lax', secure, maxAge: LOGIN_STATE_MS / 1000
@@ -88,6 +96,7 @@ export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): P
       if (!validId(providerId)) throw new AppError('sso_provider_not_found', 404, 'unknown provider')
       const query = request.url.includes('?') ? request.url.slice(request.url.indexOf('?')) : ''
       const uri = redirectUri(request, providerId)
+      if (uri === undefined) return page(reply, 400, BAD_HOST)
       const result = await finishLogin(deps, sessionContext(request), providerId, new URL(uri + query), browserState, uri)
       if (result.kind === 'mfa') return await sendMfaStep(app, deps, reply, result, result.next)
       setSignInCookies(request, reply, result, app.config)
