@@ -409,20 +409,25 @@ export async function regenerateRecoveryCodes (deps: MfaDeps, ctx: RequestContex
   })
 }
 
-/** Options to register one more passkey for a signed-in user; the challenge is remembered for CEREMONY_MS. */
-export async function startPasskeyRegistration (deps: MfaDeps, user: { id: string, username: string }, rp: RelyingParty): Promise<{ options: object, ceremony: 'create' }> {
-  const options = await registrationOptions(deps.db, user, rp)
+/** A WebAuthn ceremony's challenge, remembered for CEREMONY_MS so that its answer can be checked once. */
+async function rememberCeremony (db: Db, purpose: 'register' | 'passkey', userId: string | null, challenge: string): Promise<void> {
   const now = Date.now()
-  await insertChallenge(deps.db, {
+  await insertChallenge(db, {
     id: newId(),
-    purpose: 'register',
+    purpose,
     digest: null,
-    user_id: user.id,
-    webauthn_challenge: options.challenge,
+    user_id: userId,
+    webauthn_challenge: challenge,
     enrol: false,
     created_at: new Date(now).toISOString(),
     expires_at: new Date(now + CEREMONY_MS).toISOString()
   })
+}
+
+/** Options to register one more passkey for a signed-in user; the challenge is remembered for CEREMONY_MS. */
+export async function startPasskeyRegistration (deps: MfaDeps, user: { id: string, username: string }, rp: RelyingParty): Promise<{ options: object, ceremony: 'create' }> {
+  const options = await registrationOptions(deps.db, user, rp)
+  await rememberCeremony(deps.db, 'register', user.id, options.challenge)
   return { options, ceremony: 'create' }
 }
 
@@ -482,17 +487,7 @@ export async function resetFactors (deps: MfaDeps, ctx: RequestContext, userId: 
 
 export async function startPasskeySignIn (deps: MfaDeps, rp: RelyingParty): Promise<{ options: object, ceremony: 'get' }> {
   const options = await authenticationOptions(deps.db, null, rp)
-  const now = Date.now()
-  await insertChallenge(deps.db, {
-    id: newId(),
-    purpose: 'passkey',
-    digest: null,
-    user_id: null,
-    webauthn_challenge: options.challenge,
-    enrol: false,
-    created_at: new Date(now).toISOString(),
-    expires_at: new Date(now + CEREMONY_MS).toISOString()
-  })
+  await rememberCeremony(deps.db, 'passkey', null, options.challenge)
   return { options, ceremony: 'get' }
 }
 
@@ -592,18 +587,8 @@ export interface ReauthProof extends MfaProof {
 export async function startReauthPasskey (deps: MfaDeps, userId: string, rp: RelyingParty): Promise<{ options: object, ceremony: 'get' }> {
   if ((await factorCounts(deps.db, userId)).passkeys === 0) throw new AppError('passkey_not_found', 404, 'You have no passkey to re-authenticate with.')
   const options = await authenticationOptions(deps.db, userId, rp)
-  const now = Date.now()
-  await insertChallenge(deps.db, {
-    id: newId(),
-    // A 'passkey' ceremony bound to its user: the passwordless sign-in takes only those without one.
-    purpose: 'passkey',
-    digest: null,
-    user_id: userId,
-    webauthn_challenge: options.challenge,
-    enrol: false,
-    created_at: new Date(now).toISOString(),
-    expires_at: new Date(now + CEREMONY_MS).toISOString()
-  })
+  // A 'passkey' ceremony bound to its user: the passwordless sign-in takes only those without one.
+  await rememberCeremony(deps.db, 'passkey', userId, options.challenge)
   return { options, ceremony: 'get' }
 }
 
