@@ -305,16 +305,13 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       throw new AppError('unsupported_media_type', 415, `This operation takes ${accepts.join(', ')}; got ${essence}.`)
     }
   })
-  // A request answered during a shutdown ends its connection: a client keeping
-  // it open would otherwise hold the shutdown until the cap (server.ts).
   let shuttingDown = false
   app.addHook('preClose', async () => { shuttingDown = true })
-  app.addHook('onSend', async (_request, reply, payload) => {
-    if (shuttingDown) reply.header('Connection', 'close')
-    return payload
-  })
   const successorOffset = config.basePath.length
   app.addHook('onSend', async (request, reply, payload) => {
+    // A request answered during a shutdown ends its connection: a client keeping
+    // it open would otherwise hold the shutdown until the cap (server.ts).
+    if (shuttingDown) reply.header('Connection', 'close')
     reply.header('Cache-Control', 'no-store')
     reply.header('X-Content-Type-Options', 'nosniff')
     // Pages with forms set their own (see sessions/login-page.ts); everything else sends no Referer at all.
