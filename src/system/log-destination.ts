@@ -19,6 +19,19 @@ export interface LogDestinationOptions {
 }
 
 /**
+ * Has Node.js open stdout or stderr as its own stream. For a pipe that puts
+ * the descriptor in non-blocking mode, so a write to a pipe whose reader is
+ * alive but no longer reading fails at once with EAGAIN (retried on a timer)
+ * instead of parking a thread-pool thread in write(2) until the reader reads:
+ * a parked thread also kept the process from exiting, as exit waits for the
+ * thread pool. Their own write errors are ours to count, not a crash.
+ */
+function openedByNode (fd: number | undefined): void {
+  if (fd === 1) process.stdout.on('error', () => {})
+  else if (fd === 2) process.stderr.on('error', () => {})
+}
+
+/**
  * Where the production logger writes. Lines are gathered and written a few
  * KiB at a time, off the request's path, by SonicBoom; what SonicBoom does
  * when the reader is gone is not left to it:
@@ -35,19 +48,6 @@ export interface LogDestinationOptions {
  *   This destination is not registered for exit, and `flushWithin` bounds the
  *   last flush in time.
  */
-/**
- * Has Node.js open stdout or stderr as its own stream. For a pipe that puts
- * the descriptor in non-blocking mode, so a write to a pipe whose reader is
- * alive but no longer reading fails at once with EAGAIN (retried on a timer)
- * instead of parking a thread-pool thread in write(2) until the reader reads:
- * a parked thread also kept the process from exiting, as exit waits for the
- * thread pool. Their own write errors are ours to count, not a crash.
- */
-function openedByNode (fd: number | undefined): void {
-  if (fd === 1) process.stdout.on('error', () => {})
-  else if (fd === 2) process.stderr.on('error', () => {})
-}
-
 export class LogDestination {
   readonly #sonic: SonicBoom
   readonly #noticeFd: number | undefined
