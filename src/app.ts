@@ -296,6 +296,19 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('onResponse', async (request, reply) => {
     request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, 'request completed')
   })
+  // Node discards the rest of a body only when nothing began to read it. A
+  // multipart upload refused part-way (a file part, too many fields) was begun
+  // by busboy and then dropped: the connection stopped reading, and the
+  // client's next request on it waited for REQUEST_TIMEOUT_MS and got 408.
+  // Discarding the rest as Node would keeps the connection in step; the
+  // request timeout still bounds how long that reading may take.
+  app.addHook('onResponse', async (request) => {
+    const raw = request.raw
+    if (raw.complete || raw.destroyed) return
+    raw.unpipe()
+    raw.removeAllListeners('data')
+    raw.resume()
+  })
   app.addHook('preParsing', async (request) => {
     const accepts = request.routeOptions.config.accepts
     const type = request.headers['content-type']
