@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { once } from 'node:events'
 import Fastify, {
+  errorCodes,
   LogController,
   type FastifyBaseLogger,
   type FastifyInstance,
@@ -316,6 +317,18 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     const essence = type.split(';')[0]!.trim().toLowerCase()
     if (!accepts.includes(essence)) {
       throw new AppError('unsupported_media_type', 415, `This operation takes ${accepts.join(', ')}; got ${essence}.`)
+    }
+  })
+  // Fastify holds the bodies it reads itself (JSON, forms) to the route's
+  // limit; busboy reads multipart bodies and knows only its per-part limits,
+  // so a larger one was read to its end. One declared over the limit is
+  // refused before it is read, and, as Fastify does, the connection is closed
+  // rather than read on to the end of that body.
+  app.addHook('preParsing', async (request, reply) => {
+    if (!/^multipart\/form-data/i.test(request.headers['content-type'] ?? '')) return
+    if (Number(request.headers['content-length']) > request.routeOptions.bodyLimit) {
+      reply.header('Connection', 'close')
+      throw new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE()
     }
   })
   // A request answered during a shutdown ends its connection: a client keeping
