@@ -13,7 +13,7 @@
  * sent, so they depend on what the server answered before.
  */
 import { createServer, request as httpRequest, Agent } from 'node:http'
-import type { AddressInfo } from 'node:net'
+import type { AddressInfo, Socket } from 'node:net'
 import fc from 'fast-check'
 
 // ---------------------------------------------------------------- settings of the server under test
@@ -594,6 +594,9 @@ export interface Answer {
   body: string
 }
 
+/** What `send` got back, and the connection it went over (undefined when it was never sent). */
+type Sending = (Answer | { clientError: string }) & { socket?: Socket }
+
 export interface Credentials {
   adminKey: string
   sessionToken: string | undefined
@@ -694,10 +697,11 @@ function multipartEncode (value: unknown, boundary: string, withFile: boolean, m
 }
 
 /** One request over a kept-alive connection; a request Node refuses to send (a header it finds invalid) is reported as such. */
-export async function send (agent: Agent, target: Target, sent: Sent, timeoutMs: number): Promise<Answer | { clientError: string }> {
+export async function send (agent: Agent, target: Target, sent: Sent, timeoutMs: number): Promise<Sending> {
   return await new Promise(resolve => {
     let settled = false
-    const done = (value: Answer | { clientError: string }): void => { if (!settled) { settled = true; resolve(value) } }
+    let socket: Socket | undefined
+    const done = (value: Answer | { clientError: string }): void => { if (!settled) { settled = true; resolve({ ...value, socket }) } }
     let req
     try {
       req = httpRequest({ host: target.host, port: target.port, method: sent.method, path: sent.path, headers: { ...sent.headers, ...(sent.body !== undefined ? { 'content-length': String(sent.body.length) } : {}) }, agent, timeout: timeoutMs, maxHeaderSize: 1024 * 1024 }, res => {
@@ -710,6 +714,7 @@ export async function send (agent: Agent, target: Target, sent: Sent, timeoutMs:
       done({ clientError: `not sent: ${(error as Error).message}` })
       return
     }
+    req.on('socket', s => { socket = s })
     req.on('timeout', () => { req.destroy(new Error(`no answer within ${timeoutMs} ms`)) })
     req.on('error', error => done({ clientError: (error as Error).message }))
     req.end(sent.body)
@@ -930,6 +935,13 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
   let next = 0
   let sessions = 1
   let refreshing: Promise<void> | undefined
+  // The request last answered on each kept-alive connection: a request that gets no answer is most often the
+  // victim of the one before it on the same connection (seed 1602: a multipart upload refused part-way).
+  const previousOn = new WeakMap<Socket, string>()
+  const before = (socket: Socket | undefined): string => {
+    const previous = socket !== undefined ? previousOn.get(socket) : undefined
+    return previous !== undefined ? `after, on the same connection: ${previous}` : 'first request on its connection'
+  }
   const note = (finding: Finding): void => {
     // A 5xx is told apart by its operation; a malformed error answer by what is wrong with it, wherever it came from.
     const key = finding.kind === '5xx' ? `${finding.kind} ${finding.status} ${finding.method} ${finding.template} ${finding.detail}` : `${finding.kind} ${finding.status} ${finding.detail}`
@@ -950,14 +962,21 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
       if (sent.headers['x-request-id'] === undefined) sent.headers['x-request-id'] = requestId
       const answer = await send(agent, target, sent, requestTimeoutMs)
       options.onProgress?.(index + 1)
+      const describe = (outcome: string): string => `${requestId} ${sent.method} ${recipe.operation.template} (${outcome}, ${sent.body?.length ?? 0} body bytes): ${shorten(toCurl(target, sent), 300)}`
+      const previous = before(answer.socket)
+      if (answer.socket !== undefined) previousOn.set(answer.socket, describe('clientError' in answer ? answer.clientError : String(answer.status)))
       if ('clientError' in answer) {
         if (answer.clientError.startsWith('not sent')) { result.notSent += 1; continue }
         result.sent += 1
         // The server answers an oversized body (413) and closes before the client has written it all: the write fails, as it should.
         if (/EPIPE|ECONNRESET/.test(answer.clientError) && (sent.body?.length ?? 0) > OVERSIZED_BODY) { result.statuses.set(-1, (result.statuses.get(-1) ?? 0) + 1); continue }
         if (options.isServerAlive !== undefined && !options.isServerAlive()) { result.serverDied = true }
-        note({ kind: 'no_answer', status: 0, method: sent.method, template: recipe.operation.template, detail: answer.clientError.replace(/\d+/g, 'N'), index, curl: toCurl(target, sent), body: '', requestId })
+        note({ kind: 'no_answer', status: 0, method: sent.method, template: recipe.operation.template, detail: answer.clientError.replace(/\d+/g, 'N'), index, curl: toCurl(target, sent), body: previous, requestId })
         continue
+      }
+      if (answer.status === 408) {
+        // Every request here is written whole at once: the server's receive deadline passing means the connection had stopped reading.
+        note({ kind: 'no_answer', status: 408, method: sent.method, template: recipe.operation.template, detail: '408 to a request sent whole: the connection had stopped reading', index, curl: toCurl(target, sent), body: previous, requestId })
       }
       result.sent += 1
       result.statuses.set(answer.status, (result.statuses.get(answer.status) ?? 0) + 1)

@@ -112,7 +112,7 @@ async function main (): Promise<void> {
     const noAnswer = by('no_answer')
     if (noAnswer.length > 0) {
       console.log(`\nrequests without an answer: ${noAnswer.length} distinct`)
-      for (const f of noAnswer) console.log(`- ${f.method} ${f.template}: ${f.detail} (${fmt(f.count)}x)\n  repro: ${shorten(f.curl)}`)
+      for (const f of noAnswer) console.log(`- ${f.method} ${f.template}: ${f.detail} (${fmt(f.count)}x)\n  repro: ${shorten(f.curl)}\n  ${f.body}`)
     }
     const largeLocation = by('large_location')
     if (largeLocation.length > 0) {

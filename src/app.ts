@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto'
 import { once } from 'node:events'
 import Fastify, {
+  errorCodes,
   LogController,
   type FastifyBaseLogger,
   type FastifyInstance,
@@ -295,14 +296,34 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
 
   app.addHook('onResponse', async (request, reply) => {
     request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, 'request completed')
+    // Node discards the rest of a body only when nothing began to read it. A
+    // multipart upload refused part-way (a file part, too many fields) was begun
+    // by busboy and then dropped: the connection stopped reading, and the
+    // client's next request on it waited for REQUEST_TIMEOUT_MS and got 408.
+    // Discarding the rest as Node would keeps the connection in step; the
+    // request timeout still bounds how long that reading may take.
+    const raw = request.raw
+    if (raw.complete || raw.destroyed) return
+    raw.unpipe()
+    raw.removeAllListeners('data')
+    raw.resume()
   })
-  app.addHook('preParsing', async (request) => {
-    const accepts = request.routeOptions.config.accepts
+  app.addHook('preParsing', async (request, reply) => {
     const type = request.headers['content-type']
-    if (accepts === undefined || type === undefined) return
+    if (type === undefined) return
     const essence = type.split(';')[0]!.trim().toLowerCase()
-    if (!accepts.includes(essence)) {
+    const accepts = request.routeOptions.config.accepts
+    if (accepts !== undefined && !accepts.includes(essence)) {
       throw new AppError('unsupported_media_type', 415, `This operation takes ${accepts.join(', ')}; got ${essence}.`)
+    }
+    // Fastify holds the bodies it reads itself (JSON, forms) to the route's
+    // limit; busboy reads multipart bodies and knows only its per-part limits,
+    // so a larger one was read to its end. One declared over the limit is
+    // refused before it is read, and, as Fastify does, the connection is closed
+    // rather than read on to the end of that body.
+    if (essence === 'multipart/form-data' && Number(request.headers['content-length']) > request.routeOptions.bodyLimit) {
+      reply.header('Connection', 'close')
+      throw new errorCodes.FST_ERR_CTP_BODY_TOO_LARGE()
     }
   })
   let shuttingDown = false

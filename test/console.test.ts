@@ -64,6 +64,15 @@ for (const dialect of dialects()) {
       assert.equal(res.headers.location, '/auth/login?next=%2Fauth%2Fadmin%2Fusers%3Fq%3Dada')
     })
 
+    it('sends a visitor without a session from a console address too long to come back to, to sign-in and then the console\'s start', async () => {
+      // 12 KB of query string: copied into next and encoded again, the Location came to some 16 KB.
+      const res = await t.app.inject({ url: `/auth/admin/events?${'a=1&'.repeat(3000)}` })
+      assert.equal(res.statusCode, 303)
+      assert.equal(res.headers.location, '/auth/login?next=%2Fauth%2Fadmin')
+      const shorter = await t.app.inject({ url: `/auth/admin/events?${'a=1&'.repeat(400)}` })
+      assert.equal(shorter.headers.location, `/auth/login?next=${encodeURIComponent(`/auth/admin/events?${'a=1&'.repeat(400)}`)}`, 'an address within the bound is kept')
+    })
+
     it('answers an unknown console address and an unknown user with a 404 page', async () => {
       for (const url of ['/auth/admin/nothing/here', '/auth/admin/users/00000000-0000-7000-8000-000000000000']) {
         const res = await get(t, admin.cookie, url)

@@ -287,6 +287,55 @@ for (const dialect of dialects()) {
       assertProblem(parsed, 408, 'request_timeout')
     })
 
+    it('answers the next request on a kept-alive connection after refusing a multipart upload part-way', async () => {
+      // A file part is refused as soon as its headers arrive, while the rest of the body is still on its way.
+      const boundary = 'KeepAliveBoundary'
+      const head = `--${boundary}\r\nContent-Disposition: form-data; name="username"\r\n\r\n${uniqueName('upload')}\r\n` +
+        `--${boundary}\r\nContent-Disposition: form-data; name="file"; filename="users.csv"\r\nContent-Type: text/csv\r\n\r\nusername\r\n`
+      // Within BODY_LIMIT_BYTES; the first of its two pieces is more than the request's read buffer holds (16 KiB).
+      const rest = `${'x'.repeat(40_000)}\r\n--${boundary}--\r\n`
+      const socket = connect({ host: '127.0.0.1', port })
+      await new Promise<void>((resolve, reject) => { socket.once('connect', resolve); socket.once('error', reject) })
+      let text = ''
+      let closed = false
+      socket.on('data', (data: Buffer) => { text += data.toString('latin1') })
+      socket.on('error', () => {})
+      socket.once('close', () => { closed = true })
+      const waitFor = async (done: () => boolean, what: string): Promise<void> => {
+        const deadline = Date.now() + 10_000
+        while (!done() && Date.now() < deadline) await sleep(20)
+        assert.ok(done(), `${what}; received: ${text.slice(0, 500)}`)
+      }
+      socket.write(`POST /auth/api/users HTTP/1.1\r\nHost: localhost\r\nX-API-Key: ${t.adminKey}\r\nContent-Type: multipart/form-data; boundary=${boundary}\r\n` +
+        `Content-Length: ${head.length + rest.length}\r\n\r\n${head}`)
+      await waitFor(() => /\r\n\r\n\{[^]*\}$/.test(text) || closed, 'no answer to the upload')
+      const first = parseRaw(text)
+      assertProblem(first, 422, 'validation_failed')
+      assert.equal(first.headers.connection, 'keep-alive')
+      text = ''
+      // In two pieces, as the network delivers a body: the server reads the first before the second arrives.
+      socket.write(rest.slice(0, 20_000))
+      await sleep(200)
+      socket.write(rest.slice(20_000))
+      socket.write('GET /auth/healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n')
+      // Before the fix, the connection had stopped reading: this request waited for REQUEST_TIMEOUT_MS and got 408.
+      await waitFor(() => closed, 'the connection was not closed after the second answer')
+      socket.destroy()
+      assert.equal(parseRaw(text).statusCode, 200, text.slice(0, 500))
+    })
+
+    it('refuses a multipart body declared larger than BODY_LIMIT_BYTES with 413 before reading it, and closes the connection', async () => {
+      const boundary = 'TooLargeBoundary'
+      const answer = await rawExchange(port, [
+        `POST /auth/api/users HTTP/1.1\r\nHost: localhost\r\nX-API-Key: ${t.adminKey}\r\nContent-Type: multipart/form-data; boundary=${boundary}\r\n` +
+        `Content-Length: ${t.config.bodyLimitBytes + 1}\r\n\r\n--${boundary}\r\nContent-Disposition: form-data; name="username"\r\n\r\n`
+      ], { deadlineMs: 5000 })
+      const parsed = parseRaw(answer.text)
+      assert.match(String(assertProblem(parsed, 413, 'payload_too_large').detail), new RegExp(`at most ${t.config.bodyLimitBytes} bytes`))
+      assert.equal(parsed.headers.connection, 'close')
+      assert.ok(answer.closedAfterMs < 5000, 'the connection was left open, waiting for the rest of the body')
+    })
+
     it('logs a client that hangs up mid-request at info, not as an error', async () => {
       const id = `abort-${randomBytes(6).toString('hex')}`
       for (const [suffix, type, body] of [

@@ -10,6 +10,7 @@ import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events
 import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
 import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
+import { sameOriginRedirect } from '../lib/redirect.ts'
 import { authenticateSession, type SessionsDeps } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { findUserById } from '../users/users.repository.ts'
@@ -158,7 +159,9 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
     const principal: Principal | undefined = token !== undefined && token !== '' ? await authenticateSession({ db: app.db, config: app.config }, token) : undefined
     if (principal === undefined) {
-      const next = request.method === 'GET' ? request.url : admin
+      // Only an address sign-in will follow back (lib/redirect.ts: a path of at most 2,048 characters), so the
+      // Location stays far from the 16 KiB of headers clients accept; anything else returns to the console's start.
+      const next = request.method === 'GET' && sameOriginRedirect(request.url) !== undefined ? request.url : admin
       return await seeOther(reply, `${base}/login?next=${encodeURIComponent(next)}`)
     }
     request.principal = principal
