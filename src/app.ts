@@ -158,7 +158,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   // was a tenth of a list request's cost. A stdout whose reader is gone drops
   // and counts lines instead of holding the process (system/log-destination.ts).
   // Tests pass their own stream.
-  const stdoutLog = options.logStream === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
+  const stdoutLog = options.logStream === undefined && options.logger === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
   const logDestination = options.logStream ?? stdoutLog!
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
     logger: options.logger ?? {

@@ -27,9 +27,14 @@ export interface LogDestinationOptions {
  * thread pool. Their own write errors are ours to count, not a crash.
  */
 function openedByNode (fd: number | undefined): void {
-  if (fd === 1) process.stdout.on('error', () => {})
-  else if (fd === 2) process.stderr.on('error', () => {})
+  // Once per stream: every app a process builds (tests build hundreds) would otherwise add a listener.
+  const stream = fd === 1 ? process.stdout : fd === 2 ? process.stderr : undefined
+  if (stream !== undefined && !quieted.has(stream)) {
+    quieted.add(stream)
+    stream.on('error', () => {})
+  }
 }
+const quieted = new WeakSet<NodeJS.WriteStream>()
 
 /**
  * Where the production logger writes. Lines are gathered and written a few
