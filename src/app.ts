@@ -4,7 +4,6 @@ import Fastify, {
   errorCodes,
   LogController,
   type FastifyBaseLogger,
-  type FastifyInstance,
   type FastifyServerOptions,
   type RawReplyDefaultExpression,
   type RawRequestDefaultExpression,
@@ -18,11 +17,12 @@ import multipart from '@fastify/multipart'
 import swagger from '@fastify/swagger'
 import swaggerUi from '@fastify/swagger-ui'
 import type { TypeBoxTypeProvider } from '@fastify/type-provider-typebox'
+import type { FastifyTypeBox } from './lib/http.ts'
 import type { Config } from './config.ts'
 import { createDb, isPostgres, type Db } from './db/database.ts'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
 import { migrateToLatest } from './db/migrate.ts'
-import { answerClientError, answerFrameworkError, AppError, registerErrorHandling, type FieldError } from './errors.ts'
+import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
@@ -48,8 +48,10 @@ import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
 import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
+import loginPage from './sessions/login-page.ts'
 import { MFA_SCHEMAS } from './mfa/mfa.schemas.ts'
 import mfaRoutes from './mfa/mfa.routes.ts'
+import mfaPages from './mfa/mfa-pages.ts'
 import { SSO_SCHEMAS } from './sso/oidc.schemas.ts'
 import oidcRoutes from './sso/oidc.routes.ts'
 import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
@@ -62,31 +64,6 @@ import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import { importPackage } from './lib/import-package.ts'
-
-export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
-
-declare module 'fastify' {
-  interface FastifyInstance {
-    config: Config
-    db: Db
-    passwords: PasswordHasher
-    credentials: CredentialCache
-    webhooks: WebhookWorker
-    /** The production logger's destination; undefined when the app was given its own stream. */
-    stdoutLog: LogDestination | undefined
-  }
-  interface FastifyContextConfig {
-    /** Served at a 3.6.1 path: answered with Deprecation, Sunset and successor Link headers. */
-    legacy?: boolean
-    /** Media types the body may have; others get 415 before the body is read. */
-    accepts?: string[]
-    /**
-     * Rules beyond the body's schema (a password's), asked when the body does
-     * not match it, so that one 422 lists every problem (errors.ts).
-     */
-    bodyRules?: (body: unknown) => FieldError[]
-  }
-}
 
 export interface BuildOptions {
   config: Config
@@ -385,7 +362,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(webhooksRoutes, { sender: webhooks.sender })
     const dummyHash = await dummyHashing
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(loginPage, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(mfaRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(mfaPages, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })

@@ -386,3 +386,9 @@ function validate (c: Config): Config {
 export function isSameOriginPath (value: string): boolean {
   return value.length <= 2048 && /^\/(?![/\\])/.test(value) && !/[\p{Cc}\\]/u.test(value)
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    config: Config
+  }
+}

@@ -1,7 +1,7 @@
 import { spawn } from 'node:child_process'
 import { existsSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
-import type { FastifyTypeBox } from '../src/app.ts'
+import type { FastifyTypeBox } from '../src/lib/http.ts'
 
 export const BIN = fileURLToPath(new URL('../bin/gatehouse.js', import.meta.url))
 

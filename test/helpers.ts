@@ -1,7 +1,8 @@
 import { randomBytes } from 'node:crypto'
 import { after, before } from 'node:test'
 import pg from 'pg'
-import { buildApp, type FastifyTypeBox } from '../src/app.ts'
+import { buildApp } from '../src/app.ts'
+import type { FastifyTypeBox } from '../src/lib/http.ts'
 import { defaultConfig, type Config } from '../src/config.ts'
 import { bootstrap } from '../src/bootstrap.ts'
 

@@ -248,3 +248,9 @@ function pollDataVersion (db: Db, cache: CredentialCache, log: FastifyBaseLogger
     await running
   }
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    credentials: CredentialCache
+  }
+}

@@ -1,6 +1,6 @@
 import { readFileSync } from 'node:fs'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
 import { AppError, logFailure, toAppError } from '../errors.ts'

@@ -459,3 +459,9 @@ export function toBool (value: boolean | number): boolean {
 export function toStringArray (value: string[] | string): string[] {
   return typeof value === 'string' ? JSON.parse(value) as string[] : value
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    db: Db
+  }
+}

@@ -214,3 +214,9 @@ export function checkImportedHash (passwordHash: string): ImportedHashCheck {
   }
   return unsupported(`unknown hash format; expected ${ACCEPTED}`)
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    passwords: PasswordHasher
+  }
+}

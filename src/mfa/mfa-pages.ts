@@ -2,13 +2,13 @@ import { createHash } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
-import { safeNext } from '../sessions/login-page.ts'
-import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
+import { sameOriginRedirect } from '../lib/redirect.ts'
+import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { authenticateSession, type SessionsDeps, type SignIn } from '../sessions/sessions.service.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import {
@@ -16,7 +16,7 @@ import {
   pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof,
   type ReauthProof
 } from './mfa.service.ts'
-import { relyingParty } from './mfa.routes.ts'
+import { relyingParty } from './mfa.http.ts'
 
 const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
 main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(26rem,90vw)}
@@ -146,7 +146,8 @@ async function pagePrincipal (deps: SessionsDeps, request: FastifyRequest): Prom
  * a passkey, and the account page where a signed-in user enrols and removes
  * factors. Everything goes through the same services as the API.
  */
-export function registerMfaPages (app: FastifyTypeBox, deps: SessionsDeps): void {
+/** The second-factor pages: a plugin of its own, registered by app.ts after the factors' API. */
+export default async function mfaPages (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
   // As the sign-in page decides: the web UI's start page if configured, else the signed-in page.
@@ -164,7 +165,7 @@ export function registerMfaPages (app: FastifyTypeBox, deps: SessionsDeps): void
 
   app.post('/login/mfa', form, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
-    const next = safeNext(field(request.body, 'next'))
+    const next = sameOriginRedirect(field(request.body, 'next'))
     const token = field(request.body, 'challenge_token', 64)
     const code = field(request.body, 'code', 64).replace(/\s/g, '')
     const passkey = field(request.body, 'passkey', 32_768)
@@ -193,7 +194,7 @@ export function registerMfaPages (app: FastifyTypeBox, deps: SessionsDeps): void
   })
 
   app.get('/login/passkey', { schema: { hide: true } }, async (request, reply) => {
-    const next = safeNext((request.query as Record<string, unknown>).next)
+    const next = sameOriginRedirect((request.query as Record<string, unknown>).next)
     return send(reply, 200, passkeyPage(next))
   })
 
@@ -205,7 +206,7 @@ ${hidden('next', next)}<input type="hidden" name="passkey" value="">
 
   app.post('/login/passkey', form, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
-    const next = safeNext(field(request.body, 'next'))
+    const next = sameOriginRedirect(field(request.body, 'next'))
     try {
       const credential = parseCredential(field(request.body, 'passkey', 32_768))
       const result = await passkeySignIn(deps, sessionContext(request), credential, relyingParty(request, app.config))

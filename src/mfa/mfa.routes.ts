@@ -1,11 +1,10 @@
 import type { FastifyRequest } from 'fastify'
-import type { Config } from '../config.ts'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
-import { AppError } from '../errors.ts'
 import { problems, ref, SECURITY } from '../lib/openapi.ts'
 import { Session } from '../sessions/sessions.schemas.ts'
-import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
+import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
+import { relyingParty, sessionUser } from './mfa.http.ts'
 import type { SessionsDeps } from '../sessions/sessions.service.ts'
 import {
   ChallengeTokenBody, MfaSession, MfaStatus, MfaVerifyBody, Passkey, PasskeyAdded, PasskeyAssertionBody, PasskeyCreate, PasskeyParams, PasskeyPatch,
@@ -16,30 +15,6 @@ import {
   reauthenticate, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn,
   startReauthPasskey, startTotp, startTotpForChallenge
 } from './mfa.service.ts'
-import type { RelyingParty } from './passkeys.service.ts'
-import { registerMfaPages } from './mfa-pages.ts'
-
-/**
- * The relying party of a passkey ceremony: WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS
- * when set, else the host name and origin this request reached. The browser
- * binds a passkey to its RP id and signs the origin it ran on, so a page
- * served elsewhere cannot use it whatever this answers.
- */
-export function relyingParty (request: FastifyRequest, config: Pick<Config, 'webauthnRpId' | 'webauthnOrigins'>): RelyingParty {
-  return {
-    id: config.webauthnRpId ?? request.hostname,
-    origins: config.webauthnOrigins.length > 0 ? config.webauthnOrigins : [`${request.protocol}://${request.host}`]
-  }
-}
-
-/** Factors are a person's own: managed with their signed-in session, not with an API key (which could add a passkey and sign in with it). */
-export function sessionUser (request: FastifyRequest): { id: string, username: string } {
-  const principal = request.principal!
-  if (principal.type !== 'session' || principal.user === null) {
-    throw new AppError('forbidden', 403, 'Second factors are managed with a signed-in session, not an API key.')
-  }
-  return principal.user
-}
 
 const JSON_ONLY = ['application/json']
 const REAUTH_NOTE = ' Needs a recent sign-in or re-authentication (REAUTH_WINDOW_SECONDS, default 10 minutes): otherwise 403 `reauthentication_required`; ' +
@@ -355,6 +330,4 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
     await resetFactors(deps, requestContext(request), request.params.user_id)
     return await reply.code(204).send(null)
   })
-
-  registerMfaPages(app, deps)
 }

@@ -1,37 +1,15 @@
-import { createHash } from 'node:crypto'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import type { PrincipalUser } from '../auth/principal.ts'
 import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { authenticateSession, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
-import { clearSessionCookie, sessionContext, setSignInCookies } from './sessions.routes.ts'
+import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
+import { CSP, STYLE } from '../lib/page-style.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
 import { signInProviders } from '../sso/oidc.service.ts'
-
-/** Also the look of the first-admin set-up page (console/setup.ts) and the landing page at the base path (system/landing.ts). */
-export const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
-main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(22rem,90vw)}
-h1{font-size:1.4rem;margin:0 0 1rem}label{display:block;margin:.8rem 0 .2rem;font-weight:600}
-input{width:100%;box-sizing:border-box;padding:.55rem;border:1px solid #8a8f98;border-radius:4px;font:inherit}
-input:focus,button:focus{outline:3px solid #2f6fde;outline-offset:1px}
-button{margin-top:1.2rem;width:100%;padding:.6rem;border:0;border-radius:4px;background:#1f5fcf;color:#fff;font:inherit;font-weight:600;cursor:pointer}
-.error{background:#fde8e8;color:#8a1c1c;border:1px solid #e5a3a3;padding:.6rem;border-radius:4px}
-dl{margin:0}dt{font-weight:600}dd{margin:0 0 .6rem}a{color:#1f5fcf;font-weight:600}a:focus{outline:3px solid #2f6fde;outline-offset:1px}`
-
-const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
-/** Nothing but these pages' own style and forms posting back here. */
-export const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
-
-/**
- * The `next` a sign-in link gave, if it is a path on this origin, percent-encoded
- * for a `Location` header. Anything else (another host, `//host`, `/\host`, a
- * scheme, control characters) counts as no `next` at all, so the page can never
- * be used as an open redirect.
- */
-export const safeNext = sameOriginRedirect
 
 function passwordFormHtml (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
   return `<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
@@ -112,7 +90,8 @@ function field (body: unknown, name: string): string {
 }
 
 /** `GET/POST ${basePath}/login` and `POST ${basePath}/logout`: the browser's way in and out. */
-export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): void {
+/** The sign-in page: a plugin of its own, registered by app.ts after the sessions API. */
+export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const hide = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
 
@@ -121,7 +100,7 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): voi
   const passwordForm = app.config.passwordSignIn || app.config.ldap !== undefined
 
   app.get('/login', { schema: { hide: true } }, async (request, reply) => {
-    const next = safeNext((request.query as Record<string, unknown>).next)
+    const next = sameOriginRedirect((request.query as Record<string, unknown>).next)
     const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
     const principal = token !== undefined && token !== '' ? await authenticateSession(deps, token) : undefined
     if (principal?.user != null) {
@@ -132,7 +111,7 @@ export function registerLoginPage (app: FastifyTypeBox, deps: SessionsDeps): voi
 
   app.post('/login', hide, async (request: FastifyRequest, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
-    const next = safeNext(field(request.body, 'next'))
+    const next = sameOriginRedirect(field(request.body, 'next'))
     const username = field(request.body, 'username')
     const password = field(request.body, 'password')
     try {

@@ -1,46 +1,14 @@
-import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { Config } from '../config.ts'
-import type { FastifyTypeBox } from '../app.ts'
-import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
+import { assertSameOrigin, requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
 import { problems, ref, SECURITY } from '../lib/openapi.ts'
 import { AppError } from '../errors.ts'
 import { User } from '../users/users.schemas.ts'
 import { getUser } from '../users/users.service.ts'
 import { LoginBody, PasswordChange, Session } from './sessions.schemas.ts'
-import { changeOwnPassword, signIn, signOut, type SessionsDeps, type SignIn, type SignInContext } from './sessions.service.ts'
-import { registerLoginPage } from './login-page.ts'
+import { changeOwnPassword, signIn, signOut, type SessionsDeps } from './sessions.service.ts'
 import { MfaChallenge } from '../mfa/mfa.schemas.ts'
-
-/** The device cookie (see device-trust.ts): kept long after the session, so a later sign-in is from a known device. */
-export const DEVICE_COOKIE_PLAIN = 'gatehouse_device'
-export const DEVICE_COOKIE_SECURE = '__Host-gatehouse_device'
-
-/**
- * Sets the session cookie and the device cookie: `__Host-` and Secure over
- * HTTPS, HttpOnly and SameSite=Lax always.
- */
-export function setSignInCookies (request: FastifyRequest, reply: FastifyReply, signedIn: SignIn, config: Pick<Config, 'sessionAbsoluteTimeoutMs' | 'loginKnownClientDays'>): void {
-  const secure = request.protocol === 'https'
-  const options = { path: '/', httpOnly: true, sameSite: 'lax', secure } as const
-  reply.setCookie(secure ? SESSION_COOKIE_SECURE : SESSION_COOKIE_PLAIN, signedIn.token, { ...options, maxAge: Math.floor(config.sessionAbsoluteTimeoutMs / 1000) })
-  if (config.loginKnownClientDays > 0) {
-    reply.setCookie(secure ? DEVICE_COOKIE_SECURE : DEVICE_COOKIE_PLAIN, signedIn.deviceToken, { ...options, maxAge: config.loginKnownClientDays * 86_400 })
-  }
-}
-
-export function clearSessionCookie (reply: FastifyReply): void {
-  reply.clearCookie(SESSION_COOKIE_SECURE, { path: '/', httpOnly: true, sameSite: 'lax', secure: true })
-  reply.clearCookie(SESSION_COOKIE_PLAIN, { path: '/', httpOnly: true, sameSite: 'lax' })
-}
-
-export function sessionContext (request: FastifyRequest): SignInContext {
-  return {
-    ...requestContext(request),
-    userAgent: request.headers['user-agent'] ?? null,
-    deviceToken: request.cookies[DEVICE_COOKIE_SECURE] ?? request.cookies[DEVICE_COOKIE_PLAIN] ?? null
-  }
-}
+import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
 
 export default async function sessionsRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const FORM_TYPES = ['application/json', 'application/x-www-form-urlencoded']
@@ -156,6 +124,4 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       .header('X-Auth-MFA', principal.mfa === true ? 'true' : 'false')
       .code(200).send(null)
   })
-
-  registerLoginPage(app, deps)
 }

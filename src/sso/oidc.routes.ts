@@ -1,14 +1,14 @@
 import { createHash } from 'node:crypto'
 import { Type } from 'typebox'
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
-import { safeNext } from '../sessions/login-page.ts'
-import { sessionContext, setSignInCookies } from '../sessions/sessions.routes.ts'
+import { sameOriginRedirect } from '../lib/redirect.ts'
+import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { listIdentities, unlinkIdentity } from './identities.service.ts'
 import { MAX_IDENTITIES, MAX_PROVIDERS, OidcProvider, OidcProviderCreate, OidcProviderPatch, PROVIDER_ID_PATTERN, ProviderParams, UserIdentity, UserIdentityParams, UserParams } from './oidc.schemas.ts'
 import { finishLogin, LOGIN_STATE_MS, SsoRefusal, startLogin, type SsoDeps } from './oidc.service.ts'
@@ -49,7 +49,7 @@ function refusalPage (basePath: string, message: string, next: string | undefine
 export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): Promise<void> {
   const basePath = app.config.basePath
   // Through safeNext again: a sign-in started before an upgrade kept its `next` as given, unencoded.
-  const afterSignIn = (next: string | undefined): string => safeNext(next) ?? app.config.loginDefaultNext ?? `${basePath}/login`
+  const afterSignIn = (next: string | undefined): string => sameOriginRedirect(next) ?? app.config.loginDefaultNext ?? `${basePath}/login`
   /**
    * The redirect URI: the same at the start and at the callback, and what the provider has registered.
    * Undefined when the Host header cannot be part of a URL (`a b`): no browser sends such a one.
@@ -67,7 +67,7 @@ export default async function oidcRoutes (app: FastifyTypeBox, deps: SsoDeps): P
   // Browser routes: plain redirects and pages, left out of the API document like /auth/login.
   app.get('/sso/:provider_id/start', { schema: { hide: true } }, async (request, reply) => {
     const providerId = (request.params as { provider_id: string }).provider_id
-    const next = safeNext((request.query as Record<string, unknown>).next)
+    const next = sameOriginRedirect((request.query as Record<string, unknown>).next)
     try {
       if (!validId(providerId)) throw new AppError('sso_provider_not_found', 404, 'unknown provider')
       const uri = redirectUri(request, providerId)

@@ -1,6 +1,6 @@
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
-import { CSP, STYLE } from '../sessions/login-page.ts'
+import { CSP, STYLE } from '../lib/page-style.ts'
 
 /**
  * `${basePath}` and `${basePath}/`: where someone who typed the service's

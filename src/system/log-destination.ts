@@ -157,3 +157,10 @@ export class LogDestination {
     }
   }
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The production logger's destination; undefined when the app was given its own stream. */
+    stdoutLog: LogDestination | undefined
+  }
+}

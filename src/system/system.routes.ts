@@ -1,6 +1,6 @@
 import { Type } from 'typebox'
 import type { Redis } from 'ioredis'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { pingDb, dialectOf } from '../db/database.ts'
 import { problems } from '../lib/openapi.ts'
 import { RELEASE } from './release.ts'

@@ -1,6 +1,6 @@
 import { Readable } from 'node:stream'
 import { Type } from 'typebox'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'

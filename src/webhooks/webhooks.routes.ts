@@ -1,5 +1,5 @@
 import { Type } from 'typebox'
-import type { FastifyTypeBox } from '../app.ts'
+import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { setNextLink } from '../lib/paging.ts'
 import { problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'

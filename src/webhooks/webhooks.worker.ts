@@ -218,3 +218,9 @@ export class WebhookWorker {
     }
   }
 }
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    webhooks: WebhookWorker
+  }
+}
