@@ -12,7 +12,7 @@ import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
-import { toUser } from '../src/users/users.service.ts'
+import { toUser } from '../src/users/users.repository.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
 
 const ITEMS = 50

@@ -1,6 +1,9 @@
 import type { Selectable } from 'kysely'
 import type { ApiKeysTable, Db } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { nowIso } from '../lib/ids.ts'
 
 export type ApiKeyRow = Selectable<ApiKeysTable>
 
@@ -69,4 +72,11 @@ export async function replaceApiKeySecret (db: Db, id: string, secret: { prefix:
 
 export async function touchApiKey (db: Db, id: string, at: string): Promise<void> {
   await db.updateTable('api_keys').set({ last_used_at: at }).where('id', '=', id).execute()
+}
+
+/** Revokes every live key of a user, with an `api_key.revoked` event each; in the transaction of what caused it. */
+export async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted' | 'password_changed'): Promise<void> {
+  for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
+    await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
+  }
 }

@@ -1,7 +1,7 @@
 import { toIso, toBool, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { Principal, RequestContext, Scope } from '../auth/principal.ts'
-import { recordEvent } from '../events/events.service.ts'
+import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import {
@@ -11,7 +11,6 @@ import {
   listApiKeys,
   replaceApiKeySecret,
   revokeApiKey,
-  revokeKeysOfUser,
   touchApiKey,
   type ApiKeyRow
 } from './api-keys.repository.ts'
@@ -151,11 +150,4 @@ export async function authenticateApiKey (db: Db, secret: string): Promise<Princ
     ? { id: row.user_id, username: row.owner_username!, role: row.owner_role!, groups: toStringArray(row.owner_groups!) }
     : null
   return { type: 'api_key', id: row.id, userId: row.user_id, user, scopes: new Set(effective), ...(row.expires_at !== null ? { validUntil: new Date(row.expires_at).getTime() } : {}) }
-}
-
-/** Revokes every live key of a user, with an `api_key.revoked` event each; in the transaction of what caused it. */
-export async function revokeKeysRecorded (trx: Db, ctx: RequestContext, userId: string, reason: 'user_disabled' | 'user_deleted' | 'password_changed'): Promise<void> {
-  for (const keyId of await revokeKeysOfUser(trx, userId, nowIso())) {
-    await recordEvent(trx, ctx, 'api_key.revoked', { type: 'api_key', id: keyId }, { reason, user_id: userId })
-  }
 }

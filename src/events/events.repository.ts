@@ -1,6 +1,9 @@
 import type { Selectable } from 'kysely'
 import type { Db, EventsTable } from '../db/database.ts'
-import type { ListEventsQuery } from './events.schemas.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import { newId, nowIso } from '../lib/ids.ts'
+import { queueDeliveries } from '../webhooks/webhooks.outbox.ts'
+import type { EventType, ListEventsQuery } from './events.schemas.ts'
 
 export interface NewEventRow {
   id: string
@@ -72,4 +75,35 @@ export async function findPartyNames (db: Db, ids: { users: string[], apiKeys: s
 export async function findUserIdByUsername (db: Db, username: string): Promise<string | undefined> {
   const row = await db.selectFrom('users').select('id').where('username_key', '=', username.toLowerCase()).executeTakeFirst()
   return row?.id
+}
+
+export const REDACTED = '[redacted]'
+
+/**
+ * Appends one event, and queues its webhook deliveries (the outbox). Call it with the transaction that makes the change, so
+ * the change and its record commit or roll back together.
+ */
+export async function recordEvent (
+  trx: Db,
+  ctx: RequestContext,
+  type: EventType,
+  target: { type: string, id: string } | null,
+  data: Record<string, unknown>
+): Promise<void> {
+  const id = newId()
+  const occurredAt = nowIso()
+  await insertEvent(trx, {
+    id,
+    type,
+    occurred_at: occurredAt,
+    actor_type: ctx.actorType,
+    actor_id: ctx.actorId,
+    target_type: target?.type ?? null,
+    target_id: target?.id ?? null,
+    request_id: ctx.requestId,
+    client_ip: ctx.clientIp,
+    data: JSON.stringify(data)
+  })
+  // The webhook outbox, in the same transaction: one statement, whatever the number of endpoints.
+  await queueDeliveries(trx, { id, type, at: occurredAt })
 }

@@ -1,41 +1,7 @@
 import { toIso, type Db } from '../db/database.ts'
-import type { RequestContext } from '../auth/principal.ts'
-import { newId, nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
-import { queueDeliveries } from '../webhooks/webhooks.outbox.ts'
-import { findPartyNames, findUserIdByUsername, insertEvent, listEvents, type EventRow, type EventsAfter } from './events.repository.ts'
-import type { Event, EventType, ListEventsQuery } from './events.schemas.ts'
-
-export const REDACTED = '[redacted]'
-
-/**
- * Appends one event. Call it with the transaction that makes the change, so
- * the change and its record commit or roll back together.
- */
-export async function recordEvent (
-  trx: Db,
-  ctx: RequestContext,
-  type: EventType,
-  target: { type: string, id: string } | null,
-  data: Record<string, unknown>
-): Promise<void> {
-  const id = newId()
-  const occurredAt = nowIso()
-  await insertEvent(trx, {
-    id,
-    type,
-    occurred_at: occurredAt,
-    actor_type: ctx.actorType,
-    actor_id: ctx.actorId,
-    target_type: target?.type ?? null,
-    target_id: target?.id ?? null,
-    request_id: ctx.requestId,
-    client_ip: ctx.clientIp,
-    data: JSON.stringify(data)
-  })
-  // The webhook outbox, in the same transaction: one statement, whatever the number of endpoints.
-  await queueDeliveries(trx, { id, type, at: occurredAt })
-}
+import { findPartyNames, findUserIdByUsername, listEvents, type EventRow, type EventsAfter } from './events.repository.ts'
+import type { Event, ListEventsQuery } from './events.schemas.ts'
 
 /** An event as the API shows it (GET /api/events, and the body of every webhook delivery). */
 export function toEvent (row: EventRow): Event {

@@ -9,13 +9,11 @@ import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
-import { authenticateSession, type SessionsDeps, type SignIn } from '../sessions/sessions.service.ts'
+import { type SessionsDeps, type SignIn } from '../sessions/sessions.types.ts'
+import { authenticateSession } from '../sessions/sessions.service.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
-import {
-  assertRecentAuthentication, cancelTotpSetup, completeSignIn, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, passkeySignIn,
-  pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof,
-  type ReauthProof
-} from './mfa.service.ts'
+import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
+import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof, type ReauthProof } from './mfa.service.ts'
 import { relyingParty } from './mfa.http.ts'
 
 const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}

@@ -5,16 +5,13 @@ import { problems, ref, SECURITY } from '../lib/openapi.ts'
 import { Session } from '../sessions/sessions.schemas.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { relyingParty, sessionUser } from './mfa.http.ts'
-import type { SessionsDeps } from '../sessions/sessions.service.ts'
+import { type SessionsDeps } from '../sessions/sessions.types.ts'
 import {
   ChallengeTokenBody, MfaSession, MfaStatus, MfaVerifyBody, Passkey, PasskeyAdded, PasskeyAssertionBody, PasskeyCreate, PasskeyParams, PasskeyPatch,
   ReauthBody, Reauthenticated, RecoveryCodeList, TotpConfirm, TotpConfirmed, TotpSetup, UserParams, WebAuthnOptions
 } from './mfa.schemas.ts'
-import {
-  assertRecentAuthentication, cancelTotpSetup, completeSignIn, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, passkeySignIn,
-  reauthenticate, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn,
-  startReauthPasskey, startTotp, startTotpForChallenge
-} from './mfa.service.ts'
+import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
+import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, reauthenticate, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn, startReauthPasskey, startTotp, startTotpForChallenge } from './mfa.service.ts'
 
 const JSON_ONLY = ['application/json']
 const REAUTH_NOTE = ' Needs a recent sign-in or re-authentication (REAUTH_WINDOW_SECONDS, default 10 minutes): otherwise 403 `reauthentication_required`; ' +

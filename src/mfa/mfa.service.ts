@@ -2,11 +2,12 @@ import { randomInt } from 'node:crypto'
 import { toBool, toIso, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
-import { recordEvent } from '../events/events.service.ts'
+import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
-import { openSession, reserveAttempt, throttleBudgets, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
+import type { SessionsDeps, SignInContext } from '../sessions/sessions.types.ts'
+import { reserveAttempt, throttleBudgets } from '../sessions/throttle.ts'
 import { findSessionProof, markSessionReauthenticated } from '../sessions/sessions.repository.ts'
 import {
   acceptTotpStep, closeChallenge, countTotpConfirmFailure, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deletePendingTotp, deleteTotp,
@@ -157,22 +158,31 @@ export interface MfaProof {
   passkeyName?: string | undefined
 }
 
-class ProofRejected extends Error {
-  constructor (readonly reason: string) { super(reason) }
+/** A second factor (or a passkey) that was not accepted; `reason` goes in the event. */
+export class ProofRejected extends Error {
+  /** `userId`: whose factor it was, when that was found before the rejection. */
+  constructor (readonly reason: string, readonly userId?: string) { super(reason) }
+}
+
+/** A second step under way: its challenge, the factor it is answered with, and the budgets it was charged to. */
+export interface SecondStep {
+  challengeId: string
+  userId: string
+  method: MfaMethod
+  enrol: boolean
+  webauthnChallenge: string | null
+  budgets: Budget[]
+  now: Date
 }
 
 /**
- * The second step: the challenge token with one second factor (or, when the
- * user must enrol, the first code of a new TOTP set-up or a new passkey).
- * Throttled like passwords, with a budget per account for code guesses: the
- * unit is taken before the code is checked and given back on success. The
- * challenge is closed, the factor spent (TOTP time step, recovery code,
- * passkey counter) and the session opened in one transaction with their
- * events, so a code or a challenge works once even under concurrent use.
+ * The second step begins: the challenge token with one second factor (or,
+ * when the user must enrol, the first code of a new TOTP set-up or a new
+ * passkey). Throttled like passwords, with a budget per account for code
+ * guesses: the unit is taken here, before the code is checked, and given back
+ * by secondStepPassed.
  */
-export async function completeSignIn (
-  deps: MfaDeps, ctx: SignInContext, challengeToken: string, proof: MfaProof, rp: RelyingParty
-): Promise<{ signIn: SignIn, recoveryCodes?: string[], method: MfaMethod }> {
+export async function beginSecondStep (deps: MfaDeps, ctx: SignInContext, challengeToken: string, proof: MfaProof): Promise<SecondStep> {
   const given = [proof.totpCode, proof.recoveryCode, proof.passkey].filter(p => p !== undefined).length
   if (given !== 1) {
     throw new AppError('validation_failed', 422, 'Give exactly one of totp_code, recovery_code or passkey.', {
@@ -182,66 +192,78 @@ export async function completeSignIn (
   const method: MfaMethod = proof.totpCode !== undefined ? 'totp' : proof.recoveryCode !== undefined ? 'recovery_code' : 'passkey'
   const ip = ctx.clientIp ?? 'unknown'
   const now = new Date()
-  const at = now.toISOString()
-  const challenge = await findOpenSignInChallenge(deps.db, digestOf(challengeToken), at)
+  const challenge = await findOpenSignInChallenge(deps.db, digestOf(challengeToken), now.toISOString())
   if (challenge === undefined || challenge.user_id === null) {
     // No account to charge; the address pays, as for an unknown username.
     await reserveAttempt(deps, [{ key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }])
     await recordEvent(deps.db, ctx, 'user.mfa_failed', null, { reason: 'unknown_challenge', method })
     throw mfaFailed()
   }
-  const userId = challenge.user_id
-  const budgets = secondFactorBudgets(deps, userId, ip)
+  const budgets = secondFactorBudgets(deps, challenge.user_id, ip)
   await reserveAttempt(deps, budgets)
-  const enrol = toBool(challenge.enrol)
-  let recoveryCodes: string[] | undefined
-  let signedIn: SignIn
-  try {
-    const user = await deps.db.selectFrom('users').select(['id', 'role', 'disabled', 'locked_until']).where('id', '=', userId).executeTakeFirst()
-    if (user === undefined || toBool(user.disabled)) throw new ProofRejected('disabled')
-    const locked = user.locked_until !== null && new Date(user.locked_until) > now
-    signedIn = await openSession(deps, ctx, userId, {
-      locked,
-      now,
-      mfa: method,
-      within: async (trx) => {
-        if (!await closeChallenge(trx, challenge.id, at)) throw new ProofRejected('challenge_closed')
-        if (method === 'totp') {
-          const totp = await findTotp(trx, userId)
-          const pending = totp !== undefined && totp.confirmed_at === null
-          if (totp === undefined || pending !== enrol) throw new ProofRejected(enrol ? 'totp_not_pending' : 'no_totp')
-          const secret = await openTotpSecret(deps, userId, totp.secret)
-          const step = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
-          if (step === undefined || !await acceptTotpStep(trx, userId, step, at, enrol)) throw new ProofRejected('wrong_code')
-          if (enrol) await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, { during: 'sign_in' })
-        } else if (method === 'recovery_code') {
-          if (enrol || !await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
-          await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId) })
-        } else {
-          const expected = challenge.webauthn_challenge
-          if (expected === null || await challengeOf(proof.passkey) !== expected) throw new ProofRejected('passkey_rejected')
-          if (enrol) {
-            const passkey = await addPasskey(trx, userId, proof.passkey, expected, rp, proof.passkeyName ?? 'Passkey', at)
-              .catch((error: unknown) => { throw error instanceof AppError ? new ProofRejected('passkey_rejected') : error })
-            await recordEvent(trx, ctx, 'user.passkey_added', { type: 'user', id: userId }, { passkey_id: passkey.id, name: passkey.name, during: 'sign_in' })
-          } else if (await checkAssertion(trx, proof.passkey, expected, rp, userId, false, at) === undefined) {
-            throw new ProofRejected('passkey_rejected')
-          }
-        }
-        if (enrol) recoveryCodes = await issueRecoveryCodes(trx, ctx, userId, at)
-      }
-    })
-  } catch (error) {
-    if (!(error instanceof ProofRejected)) {
-      // Not a wrong guess (a database error, say): the unit goes back.
-      await deps.failures.release(budgets.map(b => b.key))
-      throw error
+  return { challengeId: challenge.id, userId: challenge.user_id, method, enrol: toBool(challenge.enrol), webauthnChallenge: challenge.webauthn_challenge, budgets, now }
+}
+
+/** Whether the user of a second step may still sign in, and whether a lock stands (left in place for them). */
+export async function secondStepUser (deps: MfaDeps, step: SecondStep): Promise<{ locked: boolean }> {
+  const user = await deps.db.selectFrom('users').select(['id', 'disabled', 'locked_until']).where('id', '=', step.userId).executeTakeFirst()
+  if (user === undefined || toBool(user.disabled)) throw new ProofRejected('disabled')
+  return { locked: user.locked_until !== null && new Date(user.locked_until) > step.now }
+}
+
+/**
+ * Closes the challenge and spends the factor (TOTP time step, recovery code,
+ * passkey counter; a new TOTP or passkey when enrolling) with their events,
+ * in the transaction that opens the session, so a code or a challenge works
+ * once even under concurrent use. Returns the new recovery codes of an
+ * enrolment; throws ProofRejected when the factor is not accepted.
+ */
+export async function spendSecondFactor (trx: Db, deps: MfaDeps, ctx: RequestContext, step: SecondStep, proof: MfaProof, rp: RelyingParty): Promise<string[] | undefined> {
+  const { userId, method, enrol } = step
+  const at = step.now.toISOString()
+  if (!await closeChallenge(trx, step.challengeId, at)) throw new ProofRejected('challenge_closed')
+  if (method === 'totp') {
+    const totp = await findTotp(trx, userId)
+    const pending = totp !== undefined && totp.confirmed_at === null
+    if (totp === undefined || pending !== enrol) throw new ProofRejected(enrol ? 'totp_not_pending' : 'no_totp')
+    const secret = await openTotpSecret(deps, userId, totp.secret)
+    const timeStep = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
+    if (timeStep === undefined || !await acceptTotpStep(trx, userId, timeStep, at, enrol)) throw new ProofRejected('wrong_code')
+    if (enrol) await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, { during: 'sign_in' })
+  } else if (method === 'recovery_code') {
+    if (enrol || !await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
+    await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId) })
+  } else {
+    const expected = step.webauthnChallenge
+    if (expected === null || await challengeOf(proof.passkey) !== expected) throw new ProofRejected('passkey_rejected')
+    if (enrol) {
+      const passkey = await addPasskey(trx, userId, proof.passkey, expected, rp, proof.passkeyName ?? 'Passkey', at)
+        .catch((error: unknown) => { throw error instanceof AppError ? new ProofRejected('passkey_rejected') : error })
+      await recordEvent(trx, ctx, 'user.passkey_added', { type: 'user', id: userId }, { passkey_id: passkey.id, name: passkey.name, during: 'sign_in' })
+    } else if (await checkAssertion(trx, proof.passkey, expected, rp, userId, false, at) === undefined) {
+      throw new ProofRejected('passkey_rejected')
     }
-    await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: userId }, { reason: error.reason, method, challenge_id: challenge.id })
-    throw mfaFailed()
   }
-  await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
-  return { signIn: signedIn, method, ...(recoveryCodes !== undefined ? { recoveryCodes } : {}) }
+  return enrol ? await issueRecoveryCodes(trx, ctx, userId, at) : undefined
+}
+
+/** The second step went through: the account's code budget starts afresh, the address gets its unit back. */
+export async function secondStepPassed (deps: MfaDeps, step: SecondStep): Promise<void> {
+  await Promise.all([deps.failures.reset(step.budgets[0]!.key), deps.failures.release([step.budgets[1]!.key])])
+}
+
+/**
+ * The second step failed: a factor that was not accepted is recorded
+ * (`user.mfa_failed`) and answered with 401 `mfa_failed`; anything else (a
+ * database error, say) is not a wrong guess, so the unit goes back.
+ */
+export async function secondStepFailed (deps: MfaDeps, ctx: RequestContext, step: SecondStep, error: unknown): Promise<never> {
+  if (!(error instanceof ProofRejected)) {
+    await deps.failures.release(step.budgets.map(b => b.key))
+    throw error
+  }
+  await recordEvent(deps.db, ctx, 'user.mfa_failed', { type: 'user', id: step.userId }, { reason: error.reason, method: step.method, challenge_id: step.challengeId })
+  throw mfaFailed()
 }
 
 /** The open sign-in challenge a token stands for; only for the enrolment and WebAuthn steps, which check no factor. */
@@ -491,53 +513,24 @@ export async function startPasskeySignIn (deps: MfaDeps, rp: RelyingParty): Prom
   return { options, ceremony: 'get' }
 }
 
-/**
- * Sign-in with a passkey alone. The authenticator must have verified its
- * user (PIN or biometrics), which makes the passkey two factors in one: the
- * session counts as MFA. Every failure is the same 401 invalid_credentials
- * and costs the address one unit of its sign-in budget.
- */
-export async function passkeySignIn (deps: MfaDeps, ctx: SignInContext, credential: PasskeyCredential, rp: RelyingParty): Promise<SignIn> {
-  const addr: Budget[] = [{ key: `addr:${ctx.clientIp ?? 'unknown'}`, limit: deps.config.loginMaxFailuresPerAddress }]
-  await reserveAttempt(deps, addr)
-  const now = new Date()
+/** The user a passwordless passkey names, before anything is checked; throws ProofRejected when none or disabled. */
+export async function passkeyOwner (deps: MfaDeps, credential: PasskeyCredential, now: Date): Promise<{ userId: string, locked: boolean }> {
+  const passkey = await deps.db.selectFrom('passkeys').innerJoin('users', 'users.id', 'passkeys.user_id')
+    .select(['users.id', 'users.disabled', 'users.locked_until'])
+    .where('passkeys.credential_id', '=', typeof credential.id === 'string' ? credential.id : '').executeTakeFirst()
+  if (passkey === undefined) throw new ProofRejected('unknown_passkey')
+  if (toBool(passkey.disabled)) throw new ProofRejected('disabled', passkey.id)
+  return { userId: passkey.id, locked: passkey.locked_until !== null && new Date(passkey.locked_until) > now }
+}
+
+/** Takes the ceremony's challenge and checks the assertion, in the transaction that opens the session; throws ProofRejected. */
+export async function spendPasskeyAssertion (trx: Db, credential: PasskeyCredential, rp: RelyingParty, userId: string, now: Date): Promise<void> {
   const at = now.toISOString()
   const challenge = await challengeOf(credential)
-  let userId: string | undefined
-  try {
-    return await openSessionForPasskey()
-  } catch (error) {
-    if (!(error instanceof ProofRejected)) {
-      await deps.failures.release(addr.map(b => b.key))
-      throw error
-    }
-    await recordEvent(deps.db, ctx, 'user.login_failed', userId !== undefined ? { type: 'user', id: userId } : null, { reason: error.reason, method: 'passkey' })
-    throw new AppError('invalid_credentials', 401, 'The passkey was not accepted.')
-  }
-
-  async function openSessionForPasskey (): Promise<SignIn> {
-    const passkey = await deps.db.selectFrom('passkeys').innerJoin('users', 'users.id', 'passkeys.user_id')
-      .select(['users.id', 'users.disabled', 'users.locked_until'])
-      .where('passkeys.credential_id', '=', typeof credential.id === 'string' ? credential.id : '').executeTakeFirst()
-    if (passkey === undefined) throw new ProofRejected('unknown_passkey')
-    userId = passkey.id
-    if (toBool(passkey.disabled)) throw new ProofRejected('disabled')
-    const locked = passkey.locked_until !== null && new Date(passkey.locked_until) > now
-    const signedIn = await openSession(deps, ctx, passkey.id, {
-      locked,
-      now,
-      mfa: 'passkey',
-      passwordless: true,
-      within: async (trx) => {
-        const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'passkey', challenge, null, at)
-        if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
-        const assertion = await checkAssertion(trx, credential, ceremony.webauthn_challenge!, rp, passkey.id, true, at)
-        if (assertion === undefined) throw new ProofRejected('passkey_rejected')
-      }
-    })
-    await deps.failures.release(addr.map(b => b.key))
-    return signedIn
-  }
+  const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'passkey', challenge, null, at)
+  if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
+  const assertion = await checkAssertion(trx, credential, ceremony.webauthn_challenge!, rp, userId, true, at)
+  if (assertion === undefined) throw new ProofRejected('passkey_rejected')
 }
 
 // ---------------------------------------------------------------------------

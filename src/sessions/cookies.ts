@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from '../config.ts'
 import { requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
-import type { SignIn, SignInContext } from './sessions.service.ts'
+import { type SignIn, type SignInContext } from './sessions.types.ts'
 
 /** The device cookie (see device-trust.ts): kept long after the session, so a later sign-in is from a known device. */
 export const DEVICE_COOKIE_PLAIN = 'gatehouse_device'

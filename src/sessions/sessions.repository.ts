@@ -1,6 +1,9 @@
 import { sql } from 'kysely'
 import { toIso, type Db } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { nowIso } from '../lib/ids.ts'
 
 export interface NewSessionRow {
   id: string
@@ -136,4 +139,14 @@ export async function deploymentSecret (db: Db, name: string, make: () => string
     .onConflict(oc => oc.column('key').doNothing()).execute()
   const row = await db.selectFrom('gatehouse_meta').select('value').where('key', '=', name).executeTakeFirstOrThrow()
   return row.value
+}
+
+/**
+ * Ends a user's sessions (all, or all but the current one) with an event
+ * each; used when the user is disabled or deleted and when the password changes.
+ */
+export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId: string, reason: string, exceptId?: string): Promise<void> {
+  for (const id of await endSessionsOfUser(trx, userId, nowIso(), exceptId)) {
+    await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason, user_id: userId })
+  }
 }

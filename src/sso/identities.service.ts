@@ -1,8 +1,8 @@
 import { toIso, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
-import { recordEvent } from '../events/events.service.ts'
-import { findPublicUserById, type NewUserRow } from '../users/users.repository.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { findPublicUserById } from '../users/users.repository.ts'
 import { newId } from '../lib/ids.ts'
 import { deleteIdentity, listIdentitiesOfUser, type IdentityRow } from './identities.repository.ts'
 import { MAX_IDENTITIES, type UserIdentity } from './oidc.schemas.ts'
@@ -15,39 +15,6 @@ function toIdentity (row: IdentityRow): UserIdentity {
     email: row.email,
     created_at: toIso(row.created_at),
     last_sign_in_at: toIso(row.last_sign_in_at)
-  }
-}
-
-/**
- * The row of a user created at their first external sign-in: no local
- * password (an admin may set one), names cut to the column's bounds.
- */
-export function externalUserRow (fields: {
-  username: string
-  email: string | null
-  firstName: string | undefined
-  lastName: string | undefined
-  role: 'admin' | 'user'
-  groups: string[]
-  at: string
-}): NewUserRow {
-  return {
-    id: newId(),
-    username: fields.username,
-    username_key: fields.username.toLowerCase(),
-    email: fields.email,
-    email_key: fields.email?.toLowerCase() ?? null,
-    first_name: fields.firstName?.slice(0, 200) ?? null,
-    last_name: fields.lastName?.slice(0, 200) ?? null,
-    role: fields.role,
-    groups: JSON.stringify(fields.groups),
-    disabled: false,
-    password_hash: null,
-    version: 1,
-    created_at: fields.at,
-    updated_at: fields.at,
-    last_login_at: null,
-    password_changed_at: null
   }
 }
 

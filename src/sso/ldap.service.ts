@@ -1,16 +1,7 @@
 import { isIP } from 'node:net'
 import type { ConnectionOptions } from 'node:tls'
 import type { Client, Entry } from 'ldapts'
-import type { RequestContext } from '../auth/principal.ts'
-import type { Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import { recordEvent } from '../events/events.service.ts'
-import { newId, nowIso } from '../lib/ids.ts'
-import { findTakenKeys, findUserById, insertUser, updateUser } from '../users/users.repository.ts'
-import { USERNAME_PATTERN } from '../users/users.schemas.ts'
-import { mappedRoleKeepingLastAdmin, toUser } from '../users/users.service.ts'
-import { findIdentity, insertIdentity, touchIdentity } from './identities.repository.ts'
-import { externalUserRow } from './identities.service.ts'
 import { normaliseDn, type LdapConfig } from './ldap.config.ts'
 import { importPackage } from '../lib/import-package.ts'
 
@@ -203,90 +194,3 @@ export function mappedAccess (config: Pick<LdapConfig, 'groupMap'>, groupDns: st
 
 /** Why a directory user could not be signed in as a gatehouse user (the `reason` of `user.login_failed`). */
 export type ProvisionRefusal = 'not_provisioned' | 'username_taken' | 'invalid_username'
-
-/**
- * The gatehouse user a directory entry signs in as: the one its `ldap`
- * identity names, or, with LDAP_JIT, a new user made from the entry (no
- * local password) and linked to it, with their events in one transaction.
- * Never linked by a matching username or email: a directory entry must not
- * take over a local account that happens to have the same name.
- */
-export async function userForDirectoryEntry (
-  db: Db, ctx: RequestContext, config: LdapConfig, entry: DirectoryUser
-): Promise<{ userId: string } | { refused: ProvisionRefusal }> {
-  const linked = await findIdentity(db, LDAP_PROVIDER, normaliseDn(entry.dn))
-  if (linked !== undefined) return { userId: linked.user_id }
-  if (!config.jit) return { refused: 'not_provisioned' }
-  const username = entry.username
-  if (username === undefined || !new RegExp(USERNAME_PATTERN).test(username)) return { refused: 'invalid_username' }
-  const access = mappedAccess(config, entry.groupDns)
-  const at = nowIso()
-  try {
-    return await db.transaction().execute(async trx => {
-      const taken = await findTakenKeys(trx, [username.toLowerCase()], entry.email !== undefined ? [entry.email.toLowerCase()] : [])
-      if (taken.usernames.size > 0) return { refused: 'username_taken' as const }
-      // Someone else's address is left off rather than refusing the sign-in; an admin can sort it out.
-      const email = entry.email !== undefined && taken.emails.size === 0 && entry.email.length <= 254 ? entry.email : null
-      const row = await insertUser(trx, externalUserRow({
-        username,
-        email,
-        firstName: entry.firstName,
-        lastName: entry.lastName,
-        role: access.role ?? 'user',
-        groups: access.groups ?? [],
-        at
-      }))
-      const user = toUser(row)
-      const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...fields } = user
-      await recordEvent(trx, ctx, 'user.created', { type: 'user', id: user.id }, { ...fields, source: LDAP_PROVIDER })
-      const identityId = newId()
-      await insertIdentity(trx, { id: identityId, user_id: user.id, provider: LDAP_PROVIDER, subject: normaliseDn(entry.dn), email: entry.email ?? null, created_at: at, last_sign_in_at: null })
-      await recordEvent(trx, ctx, 'user.identity_linked', { type: 'user', id: user.id }, { identity_id: identityId, provider: LDAP_PROVIDER, subject: normaliseDn(entry.dn), during: 'sign_in' })
-      return { userId: user.id }
-    })
-  } catch (error) {
-    // A concurrent first sign-in of the same entry created the user first: sign in as that one.
-    const again = await findIdentity(db, LDAP_PROVIDER, normaliseDn(entry.dn))
-    if (again !== undefined) return { userId: again.user_id }
-    throw error
-  }
-}
-
-/**
- * At each directory sign-in: the role and groups LDAP_GROUP_MAP gives the
- * entry's groups, and the identity's last sign-in, written with a
- * `user.updated` event (`source: "ldap"`) when they change anything.
- */
-export async function applyDirectoryAccess (db: Db, ctx: RequestContext, config: LdapConfig, userId: string, entry: DirectoryUser): Promise<void> {
-  const access = mappedAccess(config, entry.groupDns)
-  await db.transaction().execute(async trx => {
-    const identity = await findIdentity(trx, LDAP_PROVIDER, normaliseDn(entry.dn))
-    if (identity !== undefined) await touchIdentity(trx, identity.id, entry.email ?? null, nowIso())
-    if (access.role === undefined && access.groups === undefined) return
-    const current = await findUserById(trx, userId, { forUpdate: true })
-    if (current === undefined) return
-    const before = toUser(current)
-    const changes: Record<string, { from: unknown, to: unknown }> = {}
-    const kept: Record<string, unknown> = {}
-    let role = access.role
-    if (role !== undefined) {
-      const mapped = await mappedRoleKeepingLastAdmin(trx, before, role)
-      role = mapped.role
-      if (mapped.keptLastAdmin) kept.role_kept = 'last_admin'
-    }
-    if (role !== undefined && role !== before.role) changes.role = { from: before.role, to: role }
-    if (access.groups !== undefined && JSON.stringify([...before.groups].sort()) !== JSON.stringify(access.groups)) changes.groups = { from: before.groups, to: access.groups }
-    if (Object.keys(changes).length === 0) {
-      if (Object.keys(kept).length > 0) await recordEvent(trx, ctx, 'user.updated', { type: 'user', id: userId }, { changes, source: LDAP_PROVIDER, ...kept })
-      return
-    }
-    const updated = await updateUser(trx, userId, current.version, {
-      version: current.version + 1,
-      updated_at: nowIso(),
-      ...(changes.role !== undefined ? { role } : {}),
-      ...(changes.groups !== undefined ? { groups: JSON.stringify(access.groups) } : {})
-    })
-    if (updated === undefined) throw new AppError('conflict', 409, 'The user changed during sign-in; sign in again.')
-    await recordEvent(trx, ctx, 'user.updated', { type: 'user', id: userId }, { changes, source: LDAP_PROVIDER, ...kept })
-  })
-}

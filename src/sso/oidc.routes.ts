@@ -11,7 +11,8 @@ import { sameOriginRedirect } from '../lib/redirect.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { listIdentities, unlinkIdentity } from './identities.service.ts'
 import { MAX_IDENTITIES, MAX_PROVIDERS, OidcProvider, OidcProviderCreate, OidcProviderPatch, PROVIDER_ID_PATTERN, ProviderParams, UserIdentity, UserIdentityParams, UserParams } from './oidc.schemas.ts'
-import { finishLogin, LOGIN_STATE_MS, SsoRefusal, startLogin, type SsoDeps } from './oidc.service.ts'
+import { finishLogin } from '../sign-in/oidc.flow.ts'
+import { LOGIN_STATE_MS, SsoRefusal, startLogin, type SsoDeps } from './oidc.service.ts'
 import { createProvider, deleteProvider, getProvider, listProviders, updateProvider } from './providers.service.ts'
 
 /** Holds `state` between the redirect to the provider and its answer, so the answer is only taken in the browser that set out. */

@@ -3,17 +3,9 @@ import type * as oidc from 'openid-client'
 import type { Config } from '../config.ts'
 import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import type { RequestContext } from '../auth/principal.ts'
-import { recordEvent } from '../events/events.service.ts'
 import { newId } from '../lib/ids.ts'
 import { digestOf } from '../lib/secrets.ts'
-import { USERNAME_PATTERN } from '../users/users.schemas.ts'
-import { mappedRoleKeepingLastAdmin, toUser } from '../users/users.service.ts'
-import { findUserById, insertUser, updateUser, type NewUserRow, type UserRow } from '../users/users.repository.ts'
-import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
-import { openSession, reserveAttempt, type SessionsDeps, type SignIn, type SignInContext } from '../sessions/sessions.service.ts'
-import { findIdentity, findIdentityOfUser, insertIdentity, touchIdentity } from './identities.repository.ts'
-import { externalUserRow } from './identities.service.ts'
+import type { SessionsDeps } from '../sessions/sessions.types.ts'
 import { deleteLoginsBefore, findProviderRow, insertLogin, listProviderRows, takeLogin, type ProviderRow } from './oidc.repository.ts'
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
@@ -201,8 +193,6 @@ export async function startLogin (deps: SsoDeps, providerId: string, next: strin
   return { url: url.href, state }
 }
 
-export type SsoResult = { next: string | undefined } & (({ kind: 'session' } & SignIn) | ({ kind: 'mfa' } & MfaPending))
-
 export type SsoFailureReason = 'state_invalid' | 'provider_error' | 'token_rejected' | 'no_account' | 'email_unverified' | 'disabled' | 'identity_conflict'
 
 /** A refused sign-in; `reason` is for the event log, `detail` for the person. */
@@ -222,15 +212,15 @@ function sameSecret (a: string, b: string): boolean {
   return x.length === y.length && timingSafeEqual(x, y)
 }
 
-type Claims = Record<string, unknown>
+export type Claims = Record<string, unknown>
 
-function claimString (claims: Claims, name: string, max: number): string | undefined {
+export function claimString (claims: Claims, name: string, max: number): string | undefined {
   const value = claims[name]
   return typeof value === 'string' && value !== '' && value.length <= max ? value : undefined
 }
 
 /** Only an explicit yes; some providers send it as the string "true". */
-function emailVerified (claims: Claims): boolean {
+export function emailVerified (claims: Claims): boolean {
   return claims.email_verified === true || claims.email_verified === 'true'
 }
 
@@ -259,69 +249,39 @@ export function mappedAccess (provider: OidcProviderSettings, claims: Claims, gr
   return { groups: next, role: nextRole }
 }
 
-const USERNAME_RE = new RegExp(USERNAME_PATTERN)
+/** A refused callback, for the flow to record (`user.sso_login_failed`) and answer. */
+export interface CallbackRefusal { reason: SsoFailureReason, status: 401 | 403, detail: string, next: string | undefined, extra: Record<string, unknown> }
 
-/** A free username for a new user: the provider's preferred_username or email (cleaned up), else the subject; `-2`, `-3`… when taken. */
-async function freeUsername (db: Db, claims: Claims, subject: string): Promise<string> {
-  const wanted = claimString(claims, 'preferred_username', 254) ?? claimString(claims, 'email', 254) ?? `user-${digestOf(subject).slice(0, 12)}`
-  let base = wanted.replace(/[^A-Za-z0-9._@-]+/g, '_').slice(0, 56)
-  if (!USERNAME_RE.test(base)) base = `user-${digestOf(subject).slice(0, 12)}`
-  const candidates = [base, ...Array.from({ length: 49 }, (_, i) => `${base}-${i + 2}`)]
-  const taken = new Set((await db.selectFrom('users').select('username_key')
-    .where('username_key', 'in', candidates.map(c => c.toLowerCase())).execute()).map(r => r.username_key))
-  // Fifty people of one name are unlikely; past them the subject's digest makes the name unique.
-  return candidates.find(c => !taken.has(c.toLowerCase())) ?? `${base.slice(0, 40)}-${digestOf(subject).slice(0, 12)}`
-}
-
-async function emailOwner (db: Db, email: string): Promise<UserRow | undefined> {
-  return await db.selectFrom('users').selectAll().where('email_key', '=', email.toLowerCase()).executeTakeFirst()
-}
-
-interface Who {
-  /** The existing user, or the row of the user to create (just-in-time). */
-  user: UserRow | undefined
-  create: NewUserRow | undefined
-  /** How a new identity comes to be: linked by email, or with a new user. */
-  link: 'email' | 'jit' | undefined
-  identityId: string
-}
+export type CallbackAnswer =
+  | { kind: 'claims', provider: OidcProviderSettings, source: string, next: string | undefined, claims: Claims }
+  | { kind: 'refused', provider: OidcProviderSettings, source: string, refusal: CallbackRefusal }
 
 /**
- * Finishes a sign-in at the callback: the state must be one this browser set
- * out with and not used before; openid-client exchanges the code (PKCE) and
- * checks the ID token (signature, issuer, audience, expiry, nonce). Then the
- * account: the identity linked before, else a user with the same verified
- * email (when the provider allows linking), else a new user (when it allows
- * just-in-time creation). A second factor the user has is still asked for.
+ * Reads the provider's answer at the callback: the state must be one this
+ * browser set out with and not used before; openid-client exchanges the code
+ * (PKCE) and checks the ID token (signature, issuer, audience, expiry,
+ * nonce), then reads userinfo. Answers the claims, or why they were refused.
  */
-export async function finishLogin (
-  deps: SsoDeps, ctx: SignInContext, providerId: string, callbackUrl: URL, browserState: string | undefined, redirectUri: string
-): Promise<SsoResult> {
-  const ip = ctx.clientIp ?? 'unknown'
-  const budget = { key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }
-  // Each refused callback counts against the address like a failed password; a sign-in that succeeds gives its unit back.
-  await reserveAttempt(deps, [budget])
+export async function readCallback (
+  deps: SsoDeps, providerId: string, callbackUrl: URL, browserState: string | undefined, redirectUri: string, now: Date
+): Promise<CallbackAnswer> {
   const provider = await findEnabledProvider(deps, providerId)
   if (provider === undefined) throw providerNotFound(providerId)
   const source = identityProvider(provider.id)
-  const refuse = async (reason: SsoFailureReason, status: 401 | 403, detail: string, next: string | undefined, userId?: string, extra: Record<string, unknown> = {}): Promise<never> => {
-    await recordEvent(deps.db, userId !== undefined ? { ...ctx, actorType: 'user', actorId: userId } : ctx, 'user.sso_login_failed',
-      userId !== undefined ? { type: 'user', id: userId } : null, { provider: source, reason, ...extra })
-    throw new SsoRefusal(reason, status, detail, next)
-  }
+  const refuse = (reason: SsoFailureReason, detail: string, next: string | undefined, extra: Record<string, unknown> = {}): CallbackAnswer =>
+    ({ kind: 'refused', provider, source, refusal: { reason, status: 401, detail, next, extra } })
 
   const state = callbackUrl.searchParams.get('state') ?? ''
-  const now = new Date()
   const login = state !== '' && browserState !== undefined && sameSecret(state, browserState)
     ? await takeLogin(deps.db, digestOf(state), provider.id, now.toISOString())
     : undefined
   if (login === undefined) {
-    return await refuse('state_invalid', 401, 'This sign-in has expired, was already used, or was started in another browser. Start it again.', undefined)
+    return refuse('state_invalid', 'This sign-in has expired, was already used, or was started in another browser. Start it again.', undefined)
   }
   const next = login.next ?? undefined
   const providerError = callbackUrl.searchParams.get('error')
   if (providerError !== null) {
-    return await refuse('provider_error', 401, `${provider.displayName} did not sign you in (${providerError.slice(0, 64)}).`, next, undefined, { error: providerError.slice(0, 64) })
+    return refuse('provider_error', `${provider.displayName} did not sign you in (${providerError.slice(0, 64)}).`, next, { error: providerError.slice(0, 64) })
   }
 
   const configuration = await clientConfiguration(deps.config, provider)
@@ -345,112 +305,9 @@ export async function finishLogin (
     const message = inner instanceof Error ? inner.message.slice(0, 200) : 'unknown error'
     const cause = (inner as { cause?: { claim?: unknown } }).cause
     const code = (error as { code?: unknown }).code
-    return await refuse('token_rejected', 401, `The answer from ${provider.displayName} could not be verified. Start the sign-in again.`, next, undefined, {
+    return refuse('token_rejected', `The answer from ${provider.displayName} could not be verified. Start the sign-in again.`, next, {
       error: message, ...(typeof code === 'string' ? { error_code: code } : {}), ...(typeof cause?.claim === 'string' ? { claim: cause.claim } : {})
     })
   }
-  const subject = String(claims.sub)
-  const email = claimString(claims, 'email', 254) ?? null
-  const verified = email !== null && emailVerified(claims)
-
-  const linked = await findIdentity(deps.db, source, subject)
-  let who: Who
-  if (linked !== undefined) {
-    who = { user: await findUserById(deps.db, linked.user_id), create: undefined, link: undefined, identityId: linked.id }
-  } else {
-    const owner = email !== null ? await emailOwner(deps.db, email) : undefined
-    if (owner !== undefined && provider.linkByEmail) {
-      if (!verified) {
-        return await refuse('email_unverified', 403, `An account with the email ${email} exists, but ${provider.displayName} does not say that the email is verified, so it is not linked. Ask an administrator.`,
-          next, undefined, { subject })
-      }
-      if (await findIdentityOfUser(deps.db, owner.id, source) !== undefined) {
-        return await refuse('identity_conflict', 403, `The account with the email ${email} is already linked to another ${provider.displayName} account. Ask an administrator.`,
-          next, owner.id, { subject })
-      }
-      who = { user: owner, create: undefined, link: 'email', identityId: newId() }
-    } else if (provider.jit) {
-      const at = now.toISOString()
-      const username = await freeUsername(deps.db, claims, subject)
-      const access = mappedAccess(provider, claims, [], 'user')
-      who = {
-        user: undefined,
-        // An email goes onto the account only when the provider vouches for it and nobody else has it.
-        create: externalUserRow({
-          username,
-          email: verified && owner === undefined ? email : null,
-          firstName: claimString(claims, 'given_name', 200),
-          lastName: claimString(claims, 'family_name', 200),
-          role: access.role,
-          groups: access.groups,
-          at
-        }),
-        link: 'jit',
-        identityId: newId()
-      }
-    } else {
-      return await refuse('no_account', 403, `Your ${provider.displayName} account is not linked to a user here, and new users are not created from it. Ask an administrator for access.`,
-        next, undefined, { subject, ...(email !== null ? { email } : {}) })
-    }
-  }
-  if (who.user !== undefined && toBool(who.user.disabled)) {
-    return await refuse('disabled', 403, 'This account is disabled.', next, who.user.id, { subject })
-  }
-
-  const userId = who.user?.id ?? who.create!.id
-  const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: userId }
-  const before = who.user !== undefined ? { groups: toStringArray(who.user.groups), role: who.user.role } : undefined
-  const access = before !== undefined ? mappedAccess(provider, claims, before.groups, before.role) : undefined
-  const at = now.toISOString()
-
-  /** Everything the sign-in changes, with its events, in one transaction. */
-  const apply = async (trx: Db): Promise<void> => {
-    if (who.create !== undefined) {
-      const created = await insertUser(trx, who.create)
-      const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...fields } = toUser(created)
-      await recordEvent(trx, userCtx, 'user.created', { type: 'user', id: userId }, { ...fields, source })
-    }
-    if (who.link !== undefined) {
-      await insertIdentity(trx, { id: who.identityId, user_id: userId, provider: source, subject, email, created_at: at, last_sign_in_at: at })
-      await recordEvent(trx, userCtx, 'user.identity_linked', { type: 'user', id: userId }, {
-        identity_id: who.identityId, provider: source, subject, email, during: 'sign_in', match: who.link === 'email' ? 'email' : 'new_user'
-      })
-    } else {
-      await touchIdentity(trx, who.identityId, email, at)
-    }
-    const kept: Record<string, unknown> = {}
-    if (before !== undefined && access !== undefined) {
-      const { role, keptLastAdmin } = await mappedRoleKeepingLastAdmin(trx, { id: userId, role: before.role, disabled: toBool(who.user!.disabled) }, access.role)
-      if (keptLastAdmin) kept.role_kept = 'last_admin'
-      const changes: Record<string, { from: unknown, to: unknown }> = {}
-      if (JSON.stringify(before.groups) !== JSON.stringify(access.groups)) changes.groups = { from: before.groups, to: access.groups }
-      if (before.role !== role) changes.role = { from: before.role, to: role }
-      if (Object.keys(changes).length > 0) {
-        const current = await findUserById(trx, userId, { forUpdate: true })
-        if (current !== undefined) await updateUser(trx, userId, current.version, { groups: JSON.stringify(access.groups), role, updated_at: at, version: current.version + 1 })
-        await recordEvent(trx, userCtx, 'user.updated', { type: 'user', id: userId }, { changes, source })
-      }
-    }
-    await recordEvent(trx, userCtx, 'user.sso_login_succeeded', { type: 'user', id: userId }, {
-      provider: source, subject, identity_id: who.identityId, ...kept
-    })
-  }
-
-  // For the second-factor policy: an admin the mapping would demote may stay one
-  // (the last admin rule, decided in `apply` under its lock), so either admin counts.
-  const role = who.create?.role ?? (who.user!.role === 'admin' || access?.role === 'admin' ? 'admin' : 'user')
-  const secondFactor = await secondFactorNeeded(deps, { id: userId, username: who.user?.username ?? who.create!.username, role })
-  let result: SsoResult
-  if (secondFactor !== undefined) {
-    await deps.db.transaction().execute(apply)
-    const pending = await openSignInChallenge(deps, ctx, { id: userId, username: who.user?.username ?? who.create!.username, role }, secondFactor, undefined, now)
-    result = { kind: 'mfa', next, ...pending }
-  } else {
-    const locked = who.user?.locked_until != null && new Date(who.user.locked_until) > now
-    // The account lock guards the password against guessing; the provider vouched for this person, so a lock is left in place but does not stop them.
-    const signedIn = await openSession(deps, ctx, userId, { locked, now, via: source, within: apply })
-    result = { kind: 'session', next, ...signedIn }
-  }
-  await deps.failures.release([budget.key])
-  return result
+  return { kind: 'claims', provider, source, next, claims }
 }

@@ -1,9 +1,9 @@
 import { sql, type Selectable, type Updateable } from 'kysely'
-import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
+import { isPostgres, toBool, toIso, toStringArray, type Db, type UsersTable } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { NewEventRow } from '../events/events.repository.ts'
 import { queueDeliveriesMany } from '../webhooks/webhooks.outbox.ts'
-import type { ListUsersQuery, Sort } from './users.schemas.ts'
+import type { ListUsersQuery, Sort, User } from './users.schemas.ts'
 
 export type UserRow = Selectable<UsersTable>
 export type UserRowUpdate = Updateable<UsersTable>
@@ -297,4 +297,23 @@ export async function clearSignInLock (db: Db, id: string): Promise<{ failed_log
   if (before === undefined || (before.failed_logins === 0 && before.locked_until === null)) return undefined
   await db.updateTable('users').set({ failed_logins: 0, locked_until: null }).where('id', '=', id).execute()
   return before
+}
+
+/** A row not yet written may leave out `password_sign_in`: the column's default, true, is what it will be. */
+export function toUser (row: Omit<PublicUserRow, 'password_sign_in'> & { password_sign_in?: PublicUserRow['password_sign_in'] | undefined }): User {
+  return {
+    id: row.id,
+    username: row.username,
+    email: row.email,
+    first_name: row.first_name,
+    last_name: row.last_name,
+    role: row.role,
+    groups: toStringArray(row.groups),
+    disabled: toBool(row.disabled),
+    password_sign_in: toBool(row.password_sign_in ?? true),
+    created_at: toIso(row.created_at),
+    updated_at: toIso(row.updated_at),
+    last_login_at: toIso(row.last_login_at),
+    password_changed_at: toIso(row.password_changed_at)
+  }
 }

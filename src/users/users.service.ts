@@ -1,36 +1,29 @@
-import { isPostgres, toBool, toIso, toStringArray, type Db } from '../db/database.ts'
+import { isPostgres, toIso, type Db } from '../db/database.ts'
 import { AppError, type ErrorCode, type FieldError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
-import { recordEvent, REDACTED } from '../events/events.service.ts'
-import { newId, nowIso } from '../lib/ids.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import { checkImportedHash, type ImportedHashScheme, type PasswordHasher } from '../lib/passwords.ts'
 import { checkPasswordPolicy, passwordViolation, type PasswordPolicy } from '../lib/password-policy.ts'
-import { revokeKeysRecorded } from '../api-keys/api-keys.service.ts'
-import { endSessionsRecorded } from '../sessions/sessions.service.ts'
+import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import {
   clearSignInLock,
-  deleteUser,
+  toUser,
   findPublicUserById,
   findSignInState,
   findTakenKeys,
   findUserById,
-  insertEventRows,
-  insertUser,
-  insertUsers,
   listUserRows,
   listUsersJson,
   readChangeStamp,
   sortColumnOf,
-  lockEnabledAdminIds,
-  updateUser,
   type NewUserRow,
-  type PublicUserRow,
-  type UserFilter,
-  type UserRowUpdate
+  type UserFilter
 } from './users.repository.ts'
 import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
 import { PageCache } from './page-cache.ts'
+import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
 export interface UsersDeps {
   db: Db
@@ -40,49 +33,6 @@ export interface UsersDeps {
 
 /** A user plus the version its ETag is made from. */
 export interface VersionedUser { user: User, version: number }
-
-/** A row not yet written may leave out `password_sign_in`: the column's default, true, is what it will be. */
-export function toUser (row: Omit<PublicUserRow, 'password_sign_in'> & { password_sign_in?: PublicUserRow['password_sign_in'] | undefined }): User {
-  return {
-    id: row.id,
-    username: row.username,
-    email: row.email,
-    first_name: row.first_name,
-    last_name: row.last_name,
-    role: row.role,
-    groups: toStringArray(row.groups),
-    disabled: toBool(row.disabled),
-    password_sign_in: toBool(row.password_sign_in ?? true),
-    created_at: toIso(row.created_at),
-    updated_at: toIso(row.updated_at),
-    last_login_at: toIso(row.last_login_at),
-    password_changed_at: toIso(row.password_changed_at)
-  }
-}
-
-/** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
-function newUserRow (input: Omit<UserCreate, 'password'>, passwordHash: string | null, hasPassword: boolean, now: string): NewUserRow {
-  const email = input.email ?? null
-  return {
-    id: newId(),
-    username: input.username,
-    username_key: input.username.toLowerCase(),
-    email,
-    email_key: email?.toLowerCase() ?? null,
-    first_name: input.first_name ?? null,
-    last_name: input.last_name ?? null,
-    role: input.role ?? 'user',
-    groups: JSON.stringify(input.groups ?? []),
-    disabled: input.disabled ?? false,
-    password_sign_in: input.password_sign_in ?? true,
-    password_hash: passwordHash,
-    version: 1,
-    created_at: now,
-    updated_at: now,
-    last_login_at: null,
-    password_changed_at: hasPassword ? now : null
-  }
-}
 
 export function etagOf (version: number): string {
   return `"${version}"`
@@ -128,16 +78,8 @@ function assertMayManage (principal: Principal, target: { role: string } | undef
 export async function createUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserCreate): Promise<VersionedUser> {
   assertMayManage(principal, undefined, input.role)
   const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
-  const now = nowIso()
-  const row = await deps.db.transaction().execute(async trx => {
-    const inserted = await insertUser(trx, newUserRow(input, passwordHash, passwordHash !== null, now))
-    const user = toUser(inserted)
-    await recordEvent(trx, ctx, 'user.created', { type: 'user', id: user.id }, {
-      ...withoutTimestamps(user),
-      ...(passwordHash !== null ? { password: REDACTED } : {})
-    })
-    return inserted
-  })
+  const row = await deps.db.transaction().execute(async trx =>
+    await createUserRecorded(trx, ctx, newUserRow(input, passwordHash, passwordHash !== null, nowIso())))
   return { user: toUser(row), version: row.version }
 }
 
@@ -239,99 +181,25 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     ? await hashChecked(deps, patch.password, patch.username ?? before.username)
     : undefined
 
-  const mayRemoveAdmin = (patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true
+  const { password: _password, ...fields } = patch
   return await deps.db.transaction().execute(async trx => {
-    // Lock order is always: the admin set, then the target row. Taking them
-    // the other way round deadlocks against a concurrent delete of another admin.
-    const admins = mayRemoveAdmin ? await lockEnabledAdminIds(trx) : []
-    const current = await findUserById(trx, id, { forUpdate: true })
-    if (current === undefined) throw userNotFound(id)
-    assertIfMatch(ifMatch, current.version)
-    const old = toUser(current)
-    const now = nowIso()
-    const changes: UserRowUpdate = { version: current.version + 1, updated_at: now }
-    const diff: Record<string, unknown> = {}
-    const note = (field: keyof User, to: unknown): void => {
-      if (JSON.stringify(old[field]) !== JSON.stringify(to)) diff[field] = { from: old[field], to }
-    }
-    if (patch.username !== undefined) {
-      changes.username = patch.username
-      changes.username_key = patch.username.toLowerCase()
-      note('username', patch.username)
-    }
-    if (patch.email !== undefined) {
-      changes.email = patch.email
-      changes.email_key = patch.email?.toLowerCase() ?? null
-      note('email', patch.email)
-    }
-    if (patch.first_name !== undefined) { changes.first_name = patch.first_name; note('first_name', patch.first_name) }
-    if (patch.last_name !== undefined) { changes.last_name = patch.last_name; note('last_name', patch.last_name) }
-    if (patch.role !== undefined) { changes.role = patch.role; note('role', patch.role) }
-    if (patch.groups !== undefined) { changes.groups = JSON.stringify(patch.groups); note('groups', patch.groups) }
-    if (patch.disabled !== undefined) { changes.disabled = patch.disabled; note('disabled', patch.disabled) }
-    if (patch.password_sign_in !== undefined) { changes.password_sign_in = patch.password_sign_in; note('password_sign_in', patch.password_sign_in) }
-    if (passwordHash !== undefined) {
-      changes.password_hash = passwordHash
-      changes.password_changed_at = now
-      diff.password = REDACTED
-    }
-
-    // A patch that changes nothing is answered with the user as it is: no new version, no event.
-    if (Object.keys(diff).length === 0) return { user: old, version: current.version }
-
-    const stopsBeingAdmin = old.role === 'admin' && !old.disabled &&
-      ((patch.role !== undefined && patch.role !== 'admin') || patch.disabled === true)
-    if (stopsBeingAdmin) assertNotLastAdmin(admins, id)
-
-    const updated = await updateUser(trx, id, current.version, changes)
-    if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
-    await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff })
-    if (patch.disabled === true && !old.disabled) {
-      await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
-      await endSessionsRecorded(trx, ctx, id, 'user_disabled')
-    } else if (passwordHash !== undefined) {
-      // Whoever knew the old password may hold a session or key made with it.
-      await revokeKeysRecorded(trx, ctx, id, 'password_changed')
-      await endSessionsRecorded(trx, ctx, id, 'password_changed')
-    }
-    return { user: toUser(updated), version: updated.version }
+    const outcome = await changeUserRecorded(trx, ctx, id, { ...fields, password_hash: passwordHash }, {
+      lastAdmin: 'refuse',
+      check: current => { assertIfMatch(ifMatch, current.version) }
+    })
+    return { user: outcome.user, version: outcome.version }
   })
 }
 
 export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
   await deps.db.transaction().execute(async trx => {
-    const admins = await lockEnabledAdminIds(trx)
-    const current = await findUserById(trx, id, { forUpdate: true })
-    if (current === undefined) throw userNotFound(id)
-    assertMayManage(principal, current, undefined)
-    assertIfMatch(ifMatch, current.version)
-    if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
-    // The rows go with the user (foreign-key cascade); the record of their revocation stays.
-    await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
-    await endSessionsRecorded(trx, ctx, id, 'user_deleted')
-    await deleteUser(trx, id)
-    await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
+    await deleteUserRecorded(trx, ctx, id, {
+      check: current => {
+        assertMayManage(principal, current, undefined)
+        assertIfMatch(ifMatch, current.version)
+      }
+    })
   })
-}
-
-/**
- * The role a sign-in's mapping (an identity provider's claims, a directory's
- * groups) gives, except that it never takes admin from the last enabled
- * admin, as the API would refuse to: nobody would be left to undo it. Locks
- * the admin set, so call it in the sign-in's transaction.
- */
-export async function mappedRoleKeepingLastAdmin (
-  trx: Db, user: { id: string, role: 'admin' | 'user', disabled: boolean }, mapped: 'admin' | 'user'
-): Promise<{ role: 'admin' | 'user', keptLastAdmin: boolean }> {
-  if (mapped === 'admin' || user.role !== 'admin' || user.disabled) return { role: mapped, keptLastAdmin: false }
-  const admins = await lockEnabledAdminIds(trx)
-  return admins.length === 1 && admins[0] === user.id ? { role: 'admin', keptLastAdmin: true } : { role: mapped, keptLastAdmin: false }
-}
-
-function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
-  if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
-    throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
-  }
 }
 
 /**
@@ -349,11 +217,6 @@ export function passwordRuleErrors (body: unknown, policy: PasswordPolicy): Fiel
 async function hashChecked (deps: UsersDeps, password: string, username: string): Promise<string> {
   checkPasswordPolicy(password, username, deps.passwordPolicy)
   return await deps.passwords.hash(password)
-}
-
-function withoutTimestamps (user: User): Record<string, unknown> {
-  const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...rest } = user
-  return rest
 }
 
 export interface ImportOutcome {
@@ -471,25 +334,7 @@ export async function importUsers (deps: UsersDeps, principal: Principal, ctx: R
     await checkTaken(trx)
     if (atomic && anyFailed()) return
     const creating = plans.filter(p => p.row !== undefined)
-    await insertUsers(trx, creating.map(p => p.row!))
-    await insertEventRows(trx, creating.map(plan => {
-      const user = toUser({ ...plan.row!, groups: plan.row!.groups })
-      const data: Record<string, unknown> = { ...withoutTimestamps(user) }
-      if (plan.row!.password_hash !== null) data.password = REDACTED
-      if (plan.scheme !== undefined) data.imported_hash_scheme = plan.scheme
-      return {
-        id: newId(),
-        type: 'user.created',
-        occurred_at: now,
-        actor_type: ctx.actorType,
-        actor_id: ctx.actorId,
-        target_type: 'user',
-        target_id: user.id,
-        request_id: ctx.requestId,
-        client_ip: ctx.clientIp,
-        data: JSON.stringify(data)
-      }
-    }))
+    await createUsersRecorded(trx, ctx, creating.map(plan => ({ row: plan.row!, extra: plan.scheme !== undefined ? { imported_hash_scheme: plan.scheme } : {} })))
     for (const plan of creating) {
       plan.result.status = 'created'
       plan.result.id = plan.row!.id

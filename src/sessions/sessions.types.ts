@@ -1,0 +1,35 @@
+import type { Config } from '../config.ts'
+import type { Db } from '../db/database.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import type { PasswordHasher } from '../lib/passwords.ts'
+import type { User } from '../users/users.schemas.ts'
+import type { FailureCounter } from './failure-counter.ts'
+
+/** What the sign-in services and flows are given (app.ts builds it once). */
+export interface SessionsDeps {
+  db: Db
+  passwords: PasswordHasher
+  failures: FailureCounter
+  config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
+  'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' |
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs'>
+  /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
+  dummyHash: string
+  /** Signs device tokens (see device-trust.ts); the same for every instance. */
+  deviceKey: () => Promise<Buffer>
+}
+
+export interface SignInContext extends RequestContext {
+  userAgent: string | null
+  /** The device token the browser sent, if any. */
+  deviceToken: string | null
+}
+
+export interface SignIn {
+  token: string
+  sessionId: string
+  expiresAt: string
+  user: User
+  /** A fresh device token for this account, for the browser to keep. */
+  deviceToken: string
+}

@@ -1,0 +1,262 @@
+import { toBool, type Db } from '../db/database.ts'
+import { AppError } from '../errors.ts'
+import type { RequestContext } from '../auth/principal.ts'
+import { recordEvent, REDACTED } from '../events/events.repository.ts'
+import { revokeKeysRecorded } from '../api-keys/api-keys.repository.ts'
+import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
+import { newId, nowIso } from '../lib/ids.ts'
+import {
+  deleteUser,
+  findUserById,
+  insertEventRows,
+  insertUser,
+  insertUsers,
+  lockEnabledAdminIds,
+  toUser,
+  updateUser,
+  type NewUserRow,
+  type PublicUserRow,
+  type UserRow,
+  type UserRowUpdate
+} from './users.repository.ts'
+import type { User } from './users.schemas.ts'
+
+/*
+ * The user lifecycle: the only functions that create, change, disable or
+ * delete a user row (docs/architecture.md, "One lifecycle for users"). Every
+ * door comes here, in the transaction of its own request: the API and its
+ * 3.6.1 paths, the console, the CLI and import, the users OIDC and LDAP make
+ * at a first sign-in and the role and groups their mapping gives at each
+ * sign-in. So the last-admin rule, the events (and with them the webhooks,
+ * queued in the same transaction), the end of a user's sessions and keys and
+ * the credential cache (emptied by every write to users, sessions and
+ * api_keys: auth/credential-cache.ts) are the same whichever door was used.
+ * What differs between doors is who may use them, which is the caller's rule.
+ *
+ * These are data-level functions, as Supabase Auth's models.* are: they take
+ * the transaction and import only repositories, so any service or flow may
+ * call them and none of them calls a service.
+ */
+
+/** A new user as every door describes it; the row (id, keys, timestamps) is made here. */
+export interface NewUser {
+  username: string
+  email?: string | null | undefined
+  first_name?: string | null | undefined
+  last_name?: string | null | undefined
+  role?: 'admin' | 'user' | undefined
+  groups?: string[] | undefined
+  disabled?: boolean | undefined
+  password_sign_in?: boolean | undefined
+}
+
+/** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
+export function newUserRow (input: NewUser, passwordHash: string | null, hasPassword: boolean, now: string): NewUserRow {
+  const email = input.email ?? null
+  return {
+    id: newId(),
+    username: input.username,
+    username_key: input.username.toLowerCase(),
+    email,
+    email_key: email?.toLowerCase() ?? null,
+    // Bounded as the API's schema bounds them: a provider's or directory's names may be longer.
+    first_name: input.first_name?.slice(0, 200) ?? null,
+    last_name: input.last_name?.slice(0, 200) ?? null,
+    role: input.role ?? 'user',
+    groups: JSON.stringify(input.groups ?? []),
+    disabled: input.disabled ?? false,
+    password_sign_in: input.password_sign_in ?? true,
+    password_hash: passwordHash,
+    version: 1,
+    created_at: now,
+    updated_at: now,
+    last_login_at: null,
+    password_changed_at: hasPassword ? now : null
+  }
+}
+
+function withoutTimestamps (user: User): Record<string, unknown> {
+  const { created_at: _c, updated_at: _u, last_login_at: _l, password_changed_at: _p, ...rest } = user
+  return rest
+}
+
+/** The data of a `user.created` event: the user as created, the password redacted, and what the door adds (`source`, `imported_hash_scheme`). */
+function createdEventData (row: NewUserRow | PublicUserRow, hasPassword: boolean, extra: Record<string, unknown>): Record<string, unknown> {
+  return { ...withoutTimestamps(toUser(row)), ...(hasPassword ? { password: REDACTED } : {}), ...extra }
+}
+
+/** Creates one user with its `user.created` event. */
+export async function createUserRecorded (trx: Db, ctx: RequestContext, row: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
+  const inserted = await insertUser(trx, row)
+  await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, row.password_hash !== null, extra))
+  return inserted
+}
+
+/** Creates many users (an import) with a `user.created` event each, in two statements. */
+export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: Array<{ row: NewUserRow, extra?: Record<string, unknown> }>): Promise<void> {
+  if (rows.length === 0) return
+  const now = nowIso()
+  await insertUsers(trx, rows.map(r => r.row))
+  await insertEventRows(trx, rows.map(({ row, extra }) => ({
+    id: newId(),
+    type: 'user.created',
+    occurred_at: now,
+    actor_type: ctx.actorType,
+    actor_id: ctx.actorId,
+    target_type: 'user',
+    target_id: row.id,
+    request_id: ctx.requestId,
+    client_ip: ctx.clientIp,
+    data: JSON.stringify(createdEventData(row, row.password_hash !== null, extra ?? {}))
+  })))
+}
+
+/** What a door may change about a user; `password_hash` is a hash made before the transaction. */
+export interface UserChanges {
+  username?: string | undefined
+  email?: string | null | undefined
+  first_name?: string | null | undefined
+  last_name?: string | null | undefined
+  role?: 'admin' | 'user' | undefined
+  groups?: string[] | undefined
+  disabled?: boolean | undefined
+  password_sign_in?: boolean | undefined
+  password_hash?: string | undefined
+}
+
+export interface ChangeOptions {
+  /**
+   * When the change would leave no enabled admin: `refuse` answers 409
+   * `last_admin` (a person asked: the API, the console, the CLI); `keep`
+   * leaves the role as it is and says so in the event (`role_kept:
+   * "last_admin"`), for a sign-in's mapping, where nobody is there to ask.
+   */
+  lastAdmin: 'refuse' | 'keep'
+  /** Checks the locked current row before anything is written (If-Match, who may change it); throwing rolls back. */
+  check?: (current: UserRow) => void
+  /** Added to the `user.updated` event: `source` of a sign-in's mapping. */
+  extra?: Record<string, unknown>
+}
+
+export interface ChangeOutcome {
+  user: User
+  version: number
+  /** False when nothing differed: no new version, no event. */
+  changed: boolean
+  /** The last-admin rule kept the admin role a `keep` change would have taken. */
+  keptLastAdmin: boolean
+}
+
+function userNotFound (id: string): AppError {
+  return new AppError('user_not_found', 404, `No user has the id ${id}.`)
+}
+
+function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
+  if (!enabledAdminIds.some(adminId => adminId !== leavingId)) {
+    throw new AppError('last_admin', 409, 'This is the last enabled admin; make another user an admin first.')
+  }
+}
+
+/**
+ * Changes a user: one new version and one `user.updated` event with
+ * `{field: {from, to}}` for what differs. Disabling the user also revokes its
+ * API keys and ends its sessions; a new password does the same (whoever knew
+ * the old one may hold either), each with its own event, all in this
+ * transaction.
+ */
+export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: string, changes: UserChanges, options: ChangeOptions): Promise<ChangeOutcome> {
+  const mayRemoveAdmin = (changes.role !== undefined && changes.role !== 'admin') || changes.disabled === true
+  // Lock order is always: the admin set, then the target row. Taking them
+  // the other way round deadlocks against a concurrent delete of another admin.
+  const admins = mayRemoveAdmin ? await lockEnabledAdminIds(trx) : []
+  const current = await findUserById(trx, id, { forUpdate: true })
+  if (current === undefined) throw userNotFound(id)
+  options.check?.(current)
+  const old = toUser(current)
+  const kept: Record<string, unknown> = {}
+  let role = changes.role
+  const stopsBeingAdmin = old.role === 'admin' && !old.disabled && ((role !== undefined && role !== 'admin') || changes.disabled === true)
+  if (stopsBeingAdmin && !admins.some(adminId => adminId !== id)) {
+    if (options.lastAdmin === 'refuse' || changes.disabled === true) assertNotLastAdmin(admins, id)
+    role = 'admin'
+    kept.role_kept = 'last_admin'
+  }
+
+  const now = nowIso()
+  const update: UserRowUpdate = { version: current.version + 1, updated_at: now }
+  const diff: Record<string, unknown> = {}
+  const note = (field: keyof User, to: unknown): boolean => {
+    if (JSON.stringify(old[field]) === JSON.stringify(to)) return false
+    diff[field] = { from: old[field], to }
+    return true
+  }
+  if (changes.username !== undefined && note('username', changes.username)) {
+    update.username = changes.username
+    update.username_key = changes.username.toLowerCase()
+  }
+  if (changes.email !== undefined && note('email', changes.email)) {
+    update.email = changes.email
+    update.email_key = changes.email?.toLowerCase() ?? null
+  }
+  if (changes.first_name !== undefined && note('first_name', changes.first_name)) update.first_name = changes.first_name
+  if (changes.last_name !== undefined && note('last_name', changes.last_name)) update.last_name = changes.last_name
+  if (role !== undefined && note('role', role)) update.role = role
+  if (changes.groups !== undefined && note('groups', changes.groups)) update.groups = JSON.stringify(changes.groups)
+  if (changes.disabled !== undefined && note('disabled', changes.disabled)) update.disabled = changes.disabled
+  if (changes.password_sign_in !== undefined && note('password_sign_in', changes.password_sign_in)) update.password_sign_in = changes.password_sign_in
+  if (changes.password_hash !== undefined) {
+    update.password_hash = changes.password_hash
+    update.password_changed_at = now
+    diff.password = REDACTED
+  }
+
+  if (Object.keys(diff).length === 0) {
+    // Nothing changes, but a mapping that was kept from demoting the last admin is worth a record.
+    if (Object.keys(kept).length > 0) await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...kept })
+    return { user: old, version: current.version, changed: false, keptLastAdmin: 'role_kept' in kept }
+  }
+  const updated = await updateUser(trx, id, current.version, update)
+  if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
+  await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...kept })
+  if (changes.disabled === true && !old.disabled) {
+    await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
+    await endSessionsRecorded(trx, ctx, id, 'user_disabled')
+  } else if (changes.password_hash !== undefined) {
+    await revokeKeysRecorded(trx, ctx, id, 'password_changed')
+    await endSessionsRecorded(trx, ctx, id, 'password_changed')
+  }
+  return { user: toUser(updated), version: updated.version, changed: true, keptLastAdmin: 'role_kept' in kept }
+}
+
+/**
+ * A user's own new password (they gave the current one): the row, a
+ * `user.password_changed` event, their other sessions ended and their API
+ * keys revoked, in this transaction.
+ */
+export async function changeOwnPasswordRecorded (trx: Db, ctx: RequestContext, user: { id: string, version: number }, passwordHash: string, keepSessionId: string): Promise<void> {
+  const at = nowIso()
+  await trx.updateTable('users')
+    .set({ password_hash: passwordHash, password_changed_at: at, updated_at: at, version: user.version + 1 })
+    .where('id', '=', user.id).execute()
+  await recordEvent(trx, ctx, 'user.password_changed', { type: 'user', id: user.id }, { by: 'self', password: REDACTED })
+  await endSessionsRecorded(trx, ctx, user.id, 'password_changed', keepSessionId)
+  await revokeKeysRecorded(trx, ctx, user.id, 'password_changed')
+}
+
+/**
+ * Deletes a user: its API keys revoked and its sessions ended, each with an
+ * event, then the row and a `user.deleted` event. Factors, identities and
+ * sign-in addresses go with the row (foreign keys, ON DELETE CASCADE); the
+ * record of what ended stays in the event log.
+ */
+export async function deleteUserRecorded (trx: Db, ctx: RequestContext, id: string, options: { check?: (current: UserRow) => void } = {}): Promise<void> {
+  const admins = await lockEnabledAdminIds(trx)
+  const current = await findUserById(trx, id, { forUpdate: true })
+  if (current === undefined) throw userNotFound(id)
+  options.check?.(current)
+  if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
+  await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
+  await endSessionsRecorded(trx, ctx, id, 'user_deleted')
+  await deleteUser(trx, id)
+  await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
+}
