@@ -1,7 +1,7 @@
 import type { FastifyRequest } from 'fastify'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
-import type { RelyingParty } from './passkeys.service.ts'
+import type { RelyingParty } from './webauthn.ts'
 
 /**
  * The relying party of a passkey ceremony: WEBAUTHN_RP_ID and WEBAUTHN_ORIGINS

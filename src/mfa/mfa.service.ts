@@ -15,7 +15,7 @@ import {
   setWebauthnChallenge, spendRecoveryCode, takeWebauthnChallenge
 } from './mfa.repository.ts'
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
-import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './passkeys.service.ts'
+import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './webauthn.ts'
 import { open, seal, SecretBoxError } from './secret-box.ts'
 import { importPackage } from '../lib/import-package.ts'
 

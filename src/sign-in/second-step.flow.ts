@@ -5,7 +5,7 @@ import {
   type MfaProof
 } from '../mfa/mfa.service.ts'
 import type { MfaMethod, PasskeyCredential } from '../mfa/mfa.schemas.ts'
-import type { RelyingParty } from '../mfa/passkeys.service.ts'
+import type { RelyingParty } from '../mfa/webauthn.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
 import { openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt } from '../sessions/throttle.ts'

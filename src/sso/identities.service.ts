@@ -3,7 +3,6 @@ import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { findPublicUserById } from '../users/users.repository.ts'
-import { newId } from '../lib/ids.ts'
 import { deleteIdentity, listIdentitiesOfUser, type IdentityRow } from './identities.repository.ts'
 import { MAX_IDENTITIES, type UserIdentity } from './oidc.schemas.ts'
 

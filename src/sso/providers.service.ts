@@ -8,7 +8,7 @@ import { checkDestination } from '../lib/ssrf-guard.ts'
 import { seal } from '../mfa/secret-box.ts'
 import { countProviderRows, deleteProviderRow, findProviderRow, insertProviderRow, listProviderRows, updateProviderRow, type ProviderRowUpdate } from './oidc.repository.ts'
 import { MAX_PROVIDERS, type OidcProvider, type OidcProviderCreate, type OidcProviderPatch } from './oidc.schemas.ts'
-import { forgetProvider, rowToSettings, secretContext } from './oidc.service.ts'
+import { forgetProvider, rowToSettings, secretContext } from './oidc.client.ts'
 import { DEFAULT_SCOPES, settingsProblems, type OidcProviderSettings } from './oidc.settings.ts'
 
 type ProvidersConfig = Pick<Config, 'oidcProviders' | 'mfaEncryptionKey' | 'basePath' | 'webhookAllowPrivate'>
