@@ -21,7 +21,7 @@ export const SESSION_TOKEN_PREFIX = 'gatehouse_session_'
 const TOUCH_INTERVAL_MS = 60_000
 
 /** The one answer to every failed sign-in: unknown user, wrong password, disabled or locked account alike. */
-function invalidCredentials (): AppError {
+export function invalidCredentials (): AppError {
   return new AppError('invalid_credentials', 401, 'The username or password is not right, or this account cannot sign in.')
 }
 

@@ -9,7 +9,7 @@ import { reserveAttempt } from '../sessions/throttle.ts'
 import type { SignIn, SignInContext } from '../sessions/sessions.types.ts'
 import { findIdentity, findIdentityOfUser, insertIdentity, touchIdentity } from '../sso/identities.repository.ts'
 import { claimString, emailVerified, mappedAccess, readCallback, SsoRefusal, type Claims, type SsoDeps, type SsoFailureReason } from '../sso/oidc.service.ts'
-import { findUserById, type NewUserRow, type UserRow } from '../users/users.repository.ts'
+import { findTakenKeys, findUserByEmail, findUserById, type NewUserRow, type UserRow } from '../users/users.repository.ts'
 import { changeUserRecorded, createUserRecorded, newUserRow } from '../users/users.lifecycle.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
@@ -32,14 +32,9 @@ async function freeUsername (db: Db, claims: Claims, subject: string): Promise<s
   let base = wanted.replace(/[^A-Za-z0-9._@-]+/g, '_').slice(0, 56)
   if (!USERNAME_RE.test(base)) base = `user-${digestOf(subject).slice(0, 12)}`
   const candidates = [base, ...Array.from({ length: 49 }, (_, i) => `${base}-${i + 2}`)]
-  const taken = new Set((await db.selectFrom('users').select('username_key')
-    .where('username_key', 'in', candidates.map(c => c.toLowerCase())).execute()).map(r => r.username_key))
+  const taken = (await findTakenKeys(db, candidates.map(c => c.toLowerCase()), [])).usernames
   // Fifty people of one name are unlikely; past them the subject's digest makes the name unique.
   return candidates.find(c => !taken.has(c.toLowerCase())) ?? `${base.slice(0, 40)}-${digestOf(subject).slice(0, 12)}`
-}
-
-async function emailOwner (db: Db, email: string): Promise<UserRow | undefined> {
-  return await db.selectFrom('users').selectAll().where('email_key', '=', email.toLowerCase()).executeTakeFirst()
 }
 
 interface Who {
@@ -86,7 +81,7 @@ export async function finishLogin (
   if (linked !== undefined) {
     who = { user: await findUserById(deps.db, linked.user_id), create: undefined, link: undefined, identityId: linked.id }
   } else {
-    const owner = email !== null ? await emailOwner(deps.db, email) : undefined
+    const owner = email !== null ? await findUserByEmail(deps.db, email) : undefined
     if (owner !== undefined && provider.linkByEmail) {
       if (!verified) {
         return await refuse('email_unverified', 403, `An account with the email ${email} exists, but ${provider.displayName} does not say that the email is verified, so it is not linked. Ask an administrator.`,

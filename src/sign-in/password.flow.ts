@@ -9,10 +9,10 @@ import { checkWithDirectory, LDAP_PROVIDER, mappedAccess, type DirectoryUser, ty
 import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa/mfa.service.ts'
 import { isDeviceOf } from '../sessions/device-trust.ts'
 import { countFailedSignIn, findUsersBySignInKey, hasSignedInFrom, lockAccount } from '../sessions/sessions.repository.ts'
-import { openSession } from '../sessions/sessions.service.ts'
+import { invalidCredentials, openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt, signInKey, throttleBudgets } from '../sessions/throttle.ts'
 import type { SessionsDeps, SignIn, SignInContext } from '../sessions/sessions.types.ts'
-import { findTakenKeys } from '../users/users.repository.ts'
+import { findTakenKeys, findUserById } from '../users/users.repository.ts'
 import { createUserRecorded, changeUserRecorded, newUserRow } from '../users/users.lifecycle.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
@@ -26,11 +26,6 @@ import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
 /** A password sign-in ends in a session, or, for a user with (or owing) a second factor, in a challenge for it. */
 export type SignInResult = ({ kind: 'session' } & SignIn) | ({ kind: 'mfa' } & MfaPending)
-
-/** The one answer to every failed sign-in: unknown user, wrong password, disabled or locked account alike. */
-function invalidCredentials (): AppError {
-  return new AppError('invalid_credentials', 401, 'The username or password is not right, or this account cannot sign in.')
-}
 
 function passwordSignInDisabled (everyone: boolean): AppError {
   return new AppError('password_sign_in_disabled', 403, everyone
@@ -154,7 +149,7 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   if (viaDirectory) {
     // The directory's groups decide the role before anything depends on it (MFA_REQUIRED=admins).
     await applyDirectoryAccess(deps.db, ctx, ldap!, signingIn.id, check.entry!)
-    signingIn = await findUserRow(deps.db, signingIn.id) ?? signingIn
+    signingIn = await findUserById(deps.db, signingIn.id) ?? signingIn
   }
   // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
   const rehash = !viaDirectory && deps.passwords.needsRehash(signingIn.password_hash!) ? await deps.passwords.hash(password) : undefined
@@ -188,18 +183,14 @@ async function checkDirectory (
   }
   if (result.kind === 'wrong_password') {
     const linked = await findIdentity(deps.db, LDAP_PROVIDER, normaliseDn(result.dn))
-    const user = linked !== undefined ? await findUserRow(deps.db, linked.user_id) : local
+    const user = linked !== undefined ? await findUserById(deps.db, linked.user_id) : local
     return { user, valid: false }
   }
   const resolved = await userForDirectoryEntry(deps.db, ctx, ldap, result.user)
   if ('refused' in resolved) return { user: undefined, valid: false, reason: resolved.refused }
   // The typed name is a local user linked to another entry than the one the directory found for it.
   if (local !== undefined && resolved.userId !== local.id) return { user: local, valid: false, reason: 'identity_conflict' }
-  return { user: local ?? await findUserRow(deps.db, resolved.userId), valid: true, entry: result.user }
-}
-
-async function findUserRow (db: Db, id: string): Promise<UserRow | undefined> {
-  return await db.selectFrom('users').selectAll().where('id', '=', id).executeTakeFirst()
+  return { user: local ?? await findUserById(deps.db, resolved.userId), valid: true, entry: result.user }
 }
 
 /**

@@ -80,6 +80,11 @@ export async function findUserById (db: Db, id: string, options: { forUpdate?: b
     .executeTakeFirst()
 }
 
+/** The user an address belongs to (addresses are unique ignoring case). */
+export async function findUserByEmail (db: Db, email: string): Promise<UserRow | undefined> {
+  return await db.selectFrom('users').selectAll().where('email_key', '=', email.toLowerCase()).executeTakeFirst()
+}
+
 export async function findPublicUserById (db: Db, id: string): Promise<PublicUserRow | undefined> {
   return await db.selectFrom('users').select(PUBLIC_COLUMNS).where('id', '=', id).executeTakeFirst()
 }
