@@ -26,11 +26,13 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
+import { generate } from 'otplib'
 import type { LightMyRequestResponse } from 'fastify'
 import { toSettings } from '../src/sso/oidc.settings.ts'
 import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso/ldap.config.ts'
 import { REDACTED } from '../src/events/events.service.ts'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
+import type { Config } from '../src/config.ts'
+import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type Dialect } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
 import { signInAtOp, startTestOp, type AccountClaims, type TestOp } from './oidc-op.ts'
 import { GROUPS, PEOPLE, SEARCH_DN, SEARCH_PASSWORD, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
@@ -175,119 +177,160 @@ function ldapSettings (): LdapConfig | undefined {
   }
 }
 
+/**
+ * A deployment for one suite: an app with every door open (OIDC provider
+ * `corp`, LDAP when slapd is there, webhooks to the file's receiver), and the
+ * helpers that drive and read it.
+ */
+function deployment (dialect: Dialect, overrides: Partial<Config> = {}) {
+  // corp: creates users just in time, maps the provider's groups to ours and `gh-admins` to the admin role.
+  const corp = toSettings({
+    id: 'corp',
+    display_name: 'Corporate SSO',
+    issuer: op.issuer,
+    client_id: op.clientId,
+    client_secret: op.clientSecret,
+    scopes: ['openid', 'email', 'profile', 'groups'],
+    jit: true,
+    groups_claim: 'groups',
+    group_map: { [GROUP]: [GROUP] },
+    admin_groups: ['gh-admins']
+  }, 'environment')
+  const ldap = ldapSettings()
+  const t = useTestApp(dialect, {
+    credentialCacheTtlMs: CREDENTIAL_TTL_MS,
+    oidcRedirectOrigin: ORIGIN,
+    oidcProviders: [corp],
+    ...(ldap !== undefined ? { ldap } : {}),
+    webhookAllowPrivate: true,
+    webhookPollIntervalMs: 50,
+    webhookRetryBaseMs: 50,
+    webhookRetryMaxDelayMs: 200,
+    webhookTimeoutMs: 2000,
+    ...overrides
+  })
+  /** Filled in by the suite's before hook: the console admin's session cookie, the CLI's environment against the running service. */
+  const state = { consoleCookie: '', cliEnv: {} as Record<string, string> }
+
+  const api = async (method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, payload?: object): Promise<LightMyRequestResponse> =>
+    await t.app.inject({ method, url, headers: auth(t.adminKey), ...(payload !== undefined ? { payload } : {}) })
+  const getUser = async (id: string): Promise<User> => {
+    const res = await api('GET', `/auth/api/users/${id}`)
+    assert.equal(res.statusCode, 200, res.body)
+    return res.json()
+  }
+  const versionOf = async (id: string): Promise<string> => {
+    const res = await api('GET', `/auth/api/users/${id}`)
+    return String(res.headers.etag).replaceAll('"', '')
+  }
+  const events = async (query: string): Promise<Event[]> => {
+    const res = await api('GET', `/auth/api/events?${query}&limit=1000`)
+    assert.equal(res.statusCode, 200, res.body)
+    return (res.json() as Event[]).reverse()
+  }
+  const eventsOfUser = async (type: string, userId: string): Promise<Event[]> => {
+    // session.ended and api_key.revoked target the session or key; data.user_id names the user.
+    const all = await events(`type=${type}`)
+    return all.filter(e => e.target?.id === userId || e.data.user_id === userId)
+  }
+  const cli = async (args: string[], input?: string): Promise<{ code: number | null, stdout: string, stderr: string }> =>
+    await runCli(args, { env: state.cliEnv, ...(input !== undefined ? { input } : {}) })
+  const cliOk = async (args: string[], input?: string): Promise<string> => {
+    const r = await cli(args, input)
+    assert.equal(r.code, 0, r.stderr)
+    return r.stdout
+  }
+  const consolePost = async (url: string, fields: Record<string, string>): Promise<LightMyRequestResponse> =>
+    await t.app.inject({ method: 'POST', url, headers: { cookie: state.consoleCookie, 'content-type': FORM, origin: 'http://localhost:80' }, payload: form(fields) })
+  /** The console's edit form as it is filled for `user` (what the page shows, and the `was_*` copy it was read at). */
+  const editForm = async (user: User): Promise<Record<string, string>> => {
+    const values: Record<string, string> = {
+      username: user.username,
+      email: user.email ?? '',
+      first_name: user.first_name ?? '',
+      last_name: user.last_name ?? '',
+      role: user.role,
+      groups: user.groups.join(', '),
+      ...(user.disabled ? { disabled: 'on' } : {})
+    }
+    const was = Object.fromEntries(Object.entries({ ...values, disabled: String(user.disabled) }).map(([k, v]) => [`was_${k}`, v]))
+    return { ...values, ...was, version: await versionOf(user.id) }
+  }
+  const passwordSignIn = async (username: string, password = GOOD_PASSWORD): Promise<string> => {
+    const res = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password } })
+    assert.equal(res.statusCode, 200, res.body)
+    return res.json().token
+  }
+  const meWith = async (headers: Record<string, string>): Promise<LightMyRequestResponse> =>
+    await t.app.inject({ url: '/auth/api/me', headers })
+
+  /** A whole OIDC sign-in at the test provider as `subject`: gatehouse's answer to the callback. */
+  const oidcCallback = async (subject: string): Promise<LightMyRequestResponse> => {
+    const start = await t.app.inject({ url: '/auth/sso/corp/start' })
+    assert.equal(start.statusCode, 303, start.body)
+    const oidcState = start.cookies.find(c => c.name === OIDC_STATE_COOKIE)!.value
+    const callback = await signInAtOp(op, String(start.headers.location), subject)
+    return await t.app.inject({ url: callback.pathname + callback.search, cookies: { [OIDC_STATE_COOKIE]: oidcState } })
+  }
+  /** An OIDC sign-in that opens a session; its token. */
+  const oidcSignIn = async (subject: string): Promise<string> => {
+    const res = await oidcCallback(subject)
+    assert.equal(res.statusCode, 303, res.body)
+    const token = sessionCookieOf(res)
+    assert.ok(token !== undefined, 'the sign-in made a session')
+    return token
+  }
+  const oidcAccount = (claims: AccountClaims): string => {
+    const subject = `sub-${randomBytes(6).toString('hex')}`
+    op.accounts.set(subject, claims)
+    return subject
+  }
+  /** A directory sign-in: gatehouse's answer. */
+  const ldapLogin = async (uid: string): Promise<LightMyRequestResponse> =>
+    await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: uid, password: DIRECTORY_PASSWORD } })
+  /** A directory sign-in that opens a session; the user as the login answer shows it, and the session token. */
+  const ldapSignIn = async (uid: string): Promise<{ user: User, token: string }> => {
+    const res = await ldapLogin(uid)
+    assert.equal(res.statusCode, 200, res.body)
+    return { user: res.json().user, token: res.json().token }
+  }
+  return {
+    t,
+    state,
+    api,
+    getUser,
+    versionOf,
+    events,
+    eventsOfUser,
+    cli,
+    cliOk,
+    consolePost,
+    editForm,
+    passwordSignIn,
+    meWith,
+    oidcCallback,
+    oidcSignIn,
+    oidcAccount,
+    ldapLogin,
+    ldapSignIn
+  }
+}
+
 for (const dialect of dialects()) {
   describe(`one user lifecycle through every door (${dialect.name})`, () => {
-    // corp: creates users just in time, maps the provider's groups to ours and `gh-admins` to the admin role.
-    const corp = toSettings({
-      id: 'corp',
-      display_name: 'Corporate SSO',
-      issuer: op.issuer,
-      client_id: op.clientId,
-      client_secret: op.clientSecret,
-      scopes: ['openid', 'email', 'profile', 'groups'],
-      jit: true,
-      groups_claim: 'groups',
-      group_map: { [GROUP]: [GROUP] },
-      admin_groups: ['gh-admins']
-    }, 'environment')
-    const ldap = ldapSettings()
-    const t = useTestApp(dialect, {
+    const {
+      t, state, api, getUser, versionOf, eventsOfUser, cli, cliOk, consolePost, editForm,
+      passwordSignIn, meWith, oidcSignIn, oidcAccount, ldapSignIn
+    } = deployment(dialect, {
       // A file, not memory, for SQLite: the CLI's database mode opens the same database from its own process.
-      ...(dialect.url === undefined ? { databaseUrl: `sqlite:${join(tmp, `doors-${randomBytes(4).toString('hex')}.db`)}` } : {}),
-      credentialCacheTtlMs: CREDENTIAL_TTL_MS,
-      oidcRedirectOrigin: ORIGIN,
-      oidcProviders: [corp],
-      ...(ldap !== undefined ? { ldap } : {}),
-      webhookAllowPrivate: true,
-      webhookPollIntervalMs: 50,
-      webhookRetryBaseMs: 50,
-      webhookRetryMaxDelayMs: 200,
-      webhookTimeoutMs: 2000
+      ...(dialect.url === undefined ? { databaseUrl: `sqlite:${join(tmp, `doors-${randomBytes(4).toString('hex')}.db`)}` } : {})
     })
     /** The console's admin: a user, signed in, whose session the console form posts carry. */
     let consoleAdmin: User
-    let consoleCookie: string
-    /** The CLI's environment against the running service, and against its database. */
-    let cliEnv: Record<string, string>
+    /** The CLI's environment against the service's database (its database mode). */
     let localEnv: Record<string, string>
     /** What the API's own door records and shows: the reference every other door is compared with. */
     let reference: { event: Event, user: User }
-
-    const api = async (method: 'GET' | 'POST' | 'PATCH' | 'DELETE', url: string, payload?: object): Promise<LightMyRequestResponse> =>
-      await t.app.inject({ method, url, headers: auth(t.adminKey), ...(payload !== undefined ? { payload } : {}) })
-    const getUser = async (id: string): Promise<User> => {
-      const res = await api('GET', `/auth/api/users/${id}`)
-      assert.equal(res.statusCode, 200, res.body)
-      return res.json()
-    }
-    const versionOf = async (id: string): Promise<string> => {
-      const res = await api('GET', `/auth/api/users/${id}`)
-      return String(res.headers.etag).replaceAll('"', '')
-    }
-    const events = async (query: string): Promise<Event[]> => {
-      const res = await api('GET', `/auth/api/events?${query}&limit=1000`)
-      assert.equal(res.statusCode, 200, res.body)
-      return (res.json() as Event[]).reverse()
-    }
-    const eventsOfUser = async (type: string, userId: string): Promise<Event[]> => {
-      // session.ended and api_key.revoked target the session or key; data.user_id names the user.
-      const all = await events(`type=${type}`)
-      return all.filter(e => e.target?.id === userId || e.data.user_id === userId)
-    }
-    const cli = async (args: string[], input?: string): Promise<{ code: number | null, stdout: string, stderr: string }> =>
-      await runCli(args, { env: cliEnv, ...(input !== undefined ? { input } : {}) })
-    const cliOk = async (args: string[], input?: string): Promise<string> => {
-      const r = await cli(args, input)
-      assert.equal(r.code, 0, r.stderr)
-      return r.stdout
-    }
-    const consolePost = async (url: string, fields: Record<string, string>): Promise<LightMyRequestResponse> =>
-      await t.app.inject({ method: 'POST', url, headers: { cookie: consoleCookie, 'content-type': FORM, origin: 'http://localhost:80' }, payload: form(fields) })
-    /** The console's edit form as it is filled for `user` (what the page shows, and the `was_*` copy it was read at). */
-    const editForm = async (user: User): Promise<Record<string, string>> => {
-      const values: Record<string, string> = {
-        username: user.username,
-        email: user.email ?? '',
-        first_name: user.first_name ?? '',
-        last_name: user.last_name ?? '',
-        role: user.role,
-        groups: user.groups.join(', '),
-        ...(user.disabled ? { disabled: 'on' } : {})
-      }
-      const was = Object.fromEntries(Object.entries({ ...values, disabled: String(user.disabled) }).map(([k, v]) => [`was_${k}`, v]))
-      return { ...values, ...was, version: await versionOf(user.id) }
-    }
-    const passwordSignIn = async (username: string, password = GOOD_PASSWORD): Promise<string> => {
-      const res = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password } })
-      assert.equal(res.statusCode, 200, res.body)
-      return res.json().token
-    }
-    const meWith = async (headers: Record<string, string>): Promise<LightMyRequestResponse> =>
-      await t.app.inject({ url: '/auth/api/me', headers })
-
-    /** A whole OIDC sign-in at the test provider as `subject`; the session token. */
-    const oidcSignIn = async (subject: string): Promise<string> => {
-      const start = await t.app.inject({ url: '/auth/sso/corp/start' })
-      assert.equal(start.statusCode, 303, start.body)
-      const state = start.cookies.find(c => c.name === OIDC_STATE_COOKIE)!.value
-      const callback = await signInAtOp(op, String(start.headers.location), subject)
-      const res = await t.app.inject({ url: callback.pathname + callback.search, cookies: { [OIDC_STATE_COOKIE]: state } })
-      assert.equal(res.statusCode, 303, res.body)
-      const token = sessionCookieOf(res)
-      assert.ok(token !== undefined, 'the sign-in made a session')
-      return token
-    }
-    const oidcAccount = (claims: AccountClaims): string => {
-      const subject = `sub-${randomBytes(6).toString('hex')}`
-      op.accounts.set(subject, claims)
-      return subject
-    }
-    /** A directory sign-in; the user as the login answer shows it, and the session token. */
-    const ldapSignIn = async (uid: string): Promise<{ user: User, token: string }> => {
-      const res = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: uid, password: DIRECTORY_PASSWORD } })
-      assert.equal(res.statusCode, 200, res.body)
-      return { user: res.json().user, token: res.json().token }
-    }
 
     before(async () => {
       const hook = await api('POST', '/auth/api/webhooks', { url: receiverUrl, event_types: ['user.*', 'session.*', 'api_key.*'], description: 'lifecycle doors' })
@@ -295,8 +338,8 @@ for (const dialect of dialects()) {
       const made = await api('POST', '/auth/api/users', { username: uniqueName('console'), password: GOOD_PASSWORD, role: 'admin' })
       assert.equal(made.statusCode, 201, made.body)
       consoleAdmin = made.json()
-      consoleCookie = `gatehouse_session=${await passwordSignIn(consoleAdmin.username)}`
-      cliEnv = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
+      state.consoleCookie = `gatehouse_session=${await passwordSignIn(consoleAdmin.username)}`
+      state.cliEnv = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
       localEnv = { DATABASE_URL: t.config.databaseUrl, ...(t.config.databaseSchema !== undefined ? { DATABASE_SCHEMA: t.config.databaseSchema } : {}) }
       const input = newUser('reference')
       const res = await api('POST', '/auth/api/users', { ...input, groups: [GROUP] })
@@ -746,6 +789,107 @@ for (const dialect of dialects()) {
         const signIns = (await eventsOfUser(door.signInEvent, subject.id)).slice(seenSignIns)
         assert.equal(signIns.length, 1, `one ${door.signInEvent}`)
         assert.equal(signIns[0]!.data.role_kept, 'last_admin', 'the sign-in event notes that the role was kept')
+      })
+    }
+  })
+
+  describe(`the second-factor policy on promotion, whichever door promotes (MFA_REQUIRED=admins, ${dialect.name})`, () => {
+    const { t, state, api, getUser, cliOk, consolePost, editForm, passwordSignIn, meWith, oidcCallback, oidcSignIn, oidcAccount, ldapLogin, ldapSignIn } =
+      deployment(dialect, { mfaRequired: 'admins', mfaEncryptionKey: randomBytes(32) })
+    const bearer = (token: string): Record<string, string> => ({ authorization: `Bearer ${token}` })
+    /** The TOTP code `steps` time steps from now (the server takes one step either side, and each code once). */
+    const codeAt = async (secret: string, steps = 0): Promise<string> => await generate({ secret, epoch: Math.floor(Date.now() / 1000) + steps * 30 })
+
+    before(async () => {
+      state.cliEnv = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
+      // The console's admin signs in with a second factor, as the policy asks of admins: enrolled while a user, then promoted.
+      const made = await api('POST', '/auth/api/users', { username: uniqueName('console'), password: GOOD_PASSWORD })
+      assert.equal(made.statusCode, 201, made.body)
+      const asUser = bearer(await passwordSignIn(made.json().username))
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: asUser })
+      assert.equal(setup.statusCode, 200, setup.body)
+      const secret: string = setup.json().secret
+      const confirmed = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers: asUser, payload: { code: await codeAt(secret) } })
+      assert.equal(confirmed.statusCode, 200, confirmed.body)
+      assert.equal((await api('PATCH', `/auth/api/users/${made.json().id}`, { role: 'admin' })).statusCode, 200)
+      const challenge = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: made.json().username, password: GOOD_PASSWORD } })
+      assert.equal(challenge.statusCode, 202, challenge.body)
+      const done = await t.app.inject({ method: 'POST', url: '/auth/api/login/mfa', payload: { challenge_token: challenge.json().challenge_token, totp_code: await codeAt(secret, 1) } })
+      assert.equal(done.statusCode, 200, done.body)
+      state.consoleCookie = `gatehouse_session=${done.json().token as string}`
+    })
+
+    const localUser = async (): Promise<Subject> => {
+      const res = await api('POST', '/auth/api/users', { username: uniqueName('mfa'), password: GOOD_PASSWORD })
+      assert.equal(res.statusCode, 201, res.body)
+      return { id: res.json().id, token: await passwordSignIn(res.json().username) }
+    }
+    const oidcSubjects = new Map<string, string>()
+    const ldapSubjects = new Map<string, string>()
+    const promoteDoors: Array<{ name: string, prepare: () => Promise<Subject>, promote: (subject: Subject) => Promise<void>, todo?: string }> = [
+      { name: 'the API', prepare: localUser, promote: async ({ id }) => { assert.equal((await api('PATCH', `/auth/api/users/${id}`, { role: 'admin' })).statusCode, 200) } },
+      { name: 'the 3.6.1 path', prepare: localUser, promote: async ({ id }) => { assert.equal((await api('PATCH', `/auth/users/${id}`, { role: 'admin' })).statusCode, 200) } },
+      {
+        name: 'the console\'s edit form',
+        prepare: localUser,
+        promote: async ({ id }) => {
+          const res = await consolePost(`/auth/admin/users/${id}`, { ...await editForm(await getUser(id)), role: 'admin' })
+          assert.equal(res.statusCode, 303, res.body)
+        }
+      },
+      { name: 'the CLI', prepare: localUser, promote: async ({ id }) => { await cliOk(['users', 'update', id, '--role', 'admin']) } },
+      {
+        name: 'OIDC admin_groups at a sign-in that stops at the second step',
+        prepare: async () => {
+          const subject = oidcAccount({ preferred_username: uniqueName('oidc'), groups: [GROUP] })
+          const token = await oidcSignIn(subject)
+          const id: string = (await meWith(bearer(token))).json().id
+          oidcSubjects.set(id, subject)
+          return { id, token }
+        },
+        promote: async ({ id }) => {
+          const subject = oidcSubjects.get(id)!
+          op.accounts.set(subject, { ...op.accounts.get(subject), groups: [GROUP, 'gh-admins'] })
+          const res = await oidcCallback(subject)
+          assert.equal(res.statusCode, 200, 'the second step (enrolment), not a session')
+          assert.equal(sessionCookieOf(res), undefined)
+        }
+      },
+      ...(directory !== undefined
+        ? [{
+            name: 'an LDAP role:admin mapping at a sign-in that stops at the second step',
+            prepare: async (): Promise<Subject> => {
+              const uid = uniqueName('ldap')
+              const dn = await directory.addUser(uid, DIRECTORY_PASSWORD, { mail: `${uid}@example.org` })
+              await directory.setMembers(adminsDn!, [])
+              const { user, token } = await ldapSignIn(uid)
+              ldapSubjects.set(user.id, dn)
+              return { id: user.id, token }
+            },
+            promote: async ({ id }: Subject): Promise<void> => {
+              await directory.setMembers(adminsDn!, [ldapSubjects.get(id)!])
+              const res = await ldapLogin((await getUser(id)).username)
+              assert.equal(res.statusCode, 202, res.body)
+              await directory.setMembers(adminsDn!, [])
+            }
+          }]
+        : [])
+    ]
+
+    for (const door of promoteDoors) {
+      it(`a session without a second factor gets no admin rights from a promotion through ${door.name}`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+        const subject = await door.prepare()
+        const session = bearer(subject.token)
+        const rights = async (): Promise<unknown[]> => {
+          const key = await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: session, payload: { name: uniqueName('k') } })
+          const list = await t.app.inject({ url: '/auth/api/users', headers: session })
+          const verify = await t.app.inject({ url: '/auth/api/verify', headers: session })
+          return [key.statusCode, list.statusCode, verify.statusCode, verify.headers['x-auth-role'], verify.headers['x-auth-mfa']]
+        }
+        assert.deepEqual(await rights(), [403, 403, 200, 'user', 'false'], 'a user before the promotion')
+        await door.promote(subject)
+        assert.equal((await getUser(subject.id)).role, 'admin', 'the door made them an admin')
+        assert.deepEqual(await rights(), [403, 403, 200, 'user', 'false'], 'the password-only session still acts as a user')
       })
     }
   })
