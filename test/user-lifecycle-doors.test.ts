@@ -6,9 +6,10 @@
  * it, and whether the user's old credentials still work) with the API's own
  * door. A new door (SCIM, invitations) is one more entry.
  *
- * Where a door differs today, the case asserts what issue 17 requires and is
- * marked `todo` with the difference, so the suite stays green until the
- * shared lifecycle functions land.
+ * Every door goes through the user lifecycle (src/users/users.lifecycle.ts,
+ * docs/architecture.md); before it, LDAP's just-in-time users and mapping
+ * recorded a `system` actor and a `user.updated` for a kept role, which these
+ * cases caught.
  *
  * What legitimately differs between doors, and is not compared:
  * - `actor`: who used the door (an API key, the signed-in admin, the CLI's
@@ -30,7 +31,7 @@ import { generate } from 'otplib'
 import type { LightMyRequestResponse } from 'fastify'
 import { toSettings } from '../src/sso/oidc.settings.ts'
 import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso/ldap.config.ts'
-import { REDACTED } from '../src/events/events.service.ts'
+import { REDACTED } from '../src/events/events.repository.ts'
 import type { Config } from '../src/config.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type Dialect } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
@@ -95,8 +96,6 @@ interface CreateDoor {
   /** Data keys of `user.created` this door adds, beyond the API's (see the file's comment). */
   extraKeys: string[]
   create: (input: NewUser) => Promise<Created>
-  /** Set where the door differs today: the case runs as a node:test todo. */
-  todo?: string
 }
 
 /** A user a change door can act on, and a credential they held before the change. */
@@ -109,7 +108,6 @@ interface ChangeDoor {
   /** A user of the door's kind: role user, signed in (the token). */
   prepare: () => Promise<Subject>
   setRole: (subject: Subject, role: 'admin' | 'user') => Promise<void>
-  todo?: string
 }
 
 interface RemoveDoor {
@@ -117,14 +115,12 @@ interface RemoveDoor {
   actor: ActorType
   disable: (user: User) => Promise<void>
   delete: (user: User) => Promise<void>
-  todo?: string
 }
 
 interface LastAdminDoor {
   name: string
   /** Each way the door can take admin rights away; each must be refused and change nothing. */
   attempts: (admin: User) => Array<{ what: string, run: () => Promise<void> }>
-  todo?: string
 }
 
 const sortedKeys = (record: object): string[] => Object.keys(record).sort()
@@ -436,7 +432,6 @@ for (const dialect of dialects()) {
             // As for OIDC just-in-time users: the person signing in made their account.
             actor: 'user' as const,
             extraKeys: ['source'],
-            todo: 'differs today: LDAP just-in-time records user.created (and user.identity_linked) with actor {type: "system", id: null}; OIDC records the new user as the actor',
             create: async (input: NewUser): Promise<Created> => {
               const dn = await directory.addUser(input.username, DIRECTORY_PASSWORD, { mail: input.email, givenName: input.first_name, sn: input.last_name })
               await directory.setMembers(analystsDn!, [dn])
@@ -456,7 +451,7 @@ for (const dialect of dialects()) {
     }
 
     for (const door of createDoors) {
-      it(`a user created through ${door.name} records the same user.created event, webhook and user as one created through the API`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`a user created through ${door.name} records the same user.created event, webhook and user as one created through the API`, async () => {
         const input = newUser('door')
         const created = await door.create(input)
         const user = await getUser(created.id)
@@ -538,7 +533,6 @@ for (const dialect of dialects()) {
             name: 'LDAP group mapping at a later sign-in',
             actor: 'user' as const,
             extraKeys: ['source'],
-            todo: 'differs today: LDAP records the mapping\'s user.updated with actor {type: "system", id: null}; OIDC records the signed-in user as the actor',
             prepare: async (): Promise<Subject> => {
               const uid = uniqueName('ldap')
               const dn = await directory.addUser(uid, DIRECTORY_PASSWORD, { mail: `${uid}@example.org` })
@@ -557,7 +551,7 @@ for (const dialect of dialects()) {
     ]
 
     for (const door of changeDoors) {
-      it(`a role changed through ${door.name} records the same user.updated event and webhook as the API, and the user's session sees the new role at once`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`a role changed through ${door.name} records the same user.updated event and webhook as the API, and the user's session sees the new role at once`, async () => {
         const subject = await door.prepare()
         const session = { authorization: `Bearer ${subject.token}` }
         // Checked once before the change, so the credential cache holds the session with its old role.
@@ -649,7 +643,7 @@ for (const dialect of dialects()) {
     }
 
     for (const door of removeDoors) {
-      it(`a user disabled through ${door.name} loses their session and API key at once, with the same events as through the API`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`a user disabled through ${door.name} loses their session and API key at once, with the same events as through the API`, async () => {
         const { user, session, key, keyId } = await victim()
         await door.disable(user)
         assert.equal((await meWith(session)).statusCode, 401, 'the old session is refused at once')
@@ -663,7 +657,7 @@ for (const dialect of dialects()) {
         await assertCredentialsEnded(user, keyId, 'user_disabled', door.actor)
       })
 
-      it(`a user deleted through ${door.name} loses their session and API key at once, with the same events as through the API`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`a user deleted through ${door.name} loses their session and API key at once, with the same events as through the API`, async () => {
         const { user, session, key, keyId } = await victim()
         await door.delete(user)
         assert.equal((await meWith(session)).statusCode, 401, 'the old session is refused at once')
@@ -737,7 +731,7 @@ for (const dialect of dialects()) {
       (await eventsOfUser('user.updated', id)).length + (await eventsOfUser('user.deleted', id)).length
 
     for (const door of lastAdminDoors) {
-      it(`${door.name} refuses to take admin rights from the last enabled admin (409 last_admin), and records nothing`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`${door.name} refuses to take admin rights from the last enabled admin (409 last_admin), and records nothing`, async () => {
         await leaveOnlyAdmin(consoleAdmin.id)
         const admin = await getUser(consoleAdmin.id)
         const seen = await lifecycleEventCount(admin.id)
@@ -756,7 +750,7 @@ for (const dialect of dialects()) {
      * the user changes, so no user.updated is recorded (the API records none
      * for a change that changes nothing), and the sign-in's event says the role was kept.
      */
-    const ssoLastAdminDoors: Array<{ name: string, prepare: () => Promise<Subject>, signInWithoutAdminGroup: (s: Subject) => Promise<void>, signInEvent: string, todo?: string }> = [
+    const ssoLastAdminDoors: Array<{ name: string, prepare: () => Promise<Subject>, signInWithoutAdminGroup: (s: Subject) => Promise<void>, signInEvent: string }> = [
       {
         name: 'OIDC group mapping',
         prepare: changeDoors.find(d => d.name.startsWith('OIDC'))!.prepare,
@@ -768,14 +762,13 @@ for (const dialect of dialects()) {
             name: 'LDAP group mapping',
             prepare: changeDoors.find(d => d.name.startsWith('LDAP'))!.prepare,
             signInWithoutAdminGroup: async (s: Subject) => { await changeDoors.find(d => d.name.startsWith('LDAP'))!.setRole(s, 'user') },
-            signInEvent: 'user.login_succeeded',
-            todo: 'differs today: LDAP records a user.updated with changes {} and role_kept: "last_admin" (actor system), and nothing on user.login_succeeded; OIDC records no user.updated and puts role_kept on user.sso_login_succeeded'
+            signInEvent: 'user.login_succeeded'
           }]
         : [])
     ]
 
     for (const door of ssoLastAdminDoors) {
-      it(`${door.name} that would demote the last enabled admin keeps them admin, records no user.updated, and notes the kept role on the sign-in`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`${door.name} that would demote the last enabled admin keeps them admin, records no user.updated, and notes the kept role on the sign-in`, async () => {
         const subject = await door.prepare()
         assert.equal((await api('PATCH', `/auth/api/users/${subject.id}`, { role: 'admin' })).statusCode, 200)
         await leaveOnlyAdmin(subject.id)
@@ -826,7 +819,7 @@ for (const dialect of dialects()) {
     }
     const oidcSubjects = new Map<string, string>()
     const ldapSubjects = new Map<string, string>()
-    const promoteDoors: Array<{ name: string, prepare: () => Promise<Subject>, promote: (subject: Subject) => Promise<void>, todo?: string }> = [
+    const promoteDoors: Array<{ name: string, prepare: () => Promise<Subject>, promote: (subject: Subject) => Promise<void> }> = [
       { name: 'the API', prepare: localUser, promote: async ({ id }) => { assert.equal((await api('PATCH', `/auth/api/users/${id}`, { role: 'admin' })).statusCode, 200) } },
       { name: 'the 3.6.1 path', prepare: localUser, promote: async ({ id }) => { assert.equal((await api('PATCH', `/auth/users/${id}`, { role: 'admin' })).statusCode, 200) } },
       {
@@ -877,7 +870,7 @@ for (const dialect of dialects()) {
     ]
 
     for (const door of promoteDoors) {
-      it(`a session without a second factor gets no admin rights from a promotion through ${door.name}`, door.todo !== undefined ? { todo: door.todo } : {}, async () => {
+      it(`a session without a second factor gets no admin rights from a promotion through ${door.name}`, async () => {
         const subject = await door.prepare()
         const session = bearer(subject.token)
         const rights = async (): Promise<unknown[]> => {

@@ -40,6 +40,8 @@ export async function openSession (
     passwordless?: boolean
     /** Where the password was checked, when not here (the `via` of `user.login_succeeded`). */
     via?: string
+    /** More for `user.login_succeeded` (a directory mapping's `role_kept`). */
+    note?: Record<string, unknown>
     /** Runs first in the session's transaction (spending the second factor); throwing rolls the sign-in back. */
     within?: (trx: Db) => Promise<void>
   }
@@ -76,7 +78,8 @@ export async function openSession (
       ...(locked ? { while_locked: true } : {}),
       ...(options.mfa !== undefined ? { mfa: options.mfa } : {}),
       ...(options.passwordless === true ? { passwordless: true } : {}),
-      ...(options.via !== undefined ? { via: options.via } : {})
+      ...(options.via !== undefined ? { via: options.via } : {}),
+      ...options.note
     })
     return updated
   })

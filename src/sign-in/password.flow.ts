@@ -146,9 +146,10 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   }
 
   let signingIn = user!
+  let keptLastAdmin = false
   if (viaDirectory) {
     // The directory's groups decide the role before anything depends on it (MFA_REQUIRED=admins).
-    await applyDirectoryAccess(deps.db, ctx, ldap!, signingIn.id, check.entry!)
+    keptLastAdmin = (await applyDirectoryAccess(deps.db, ctx, ldap!, signingIn.id, check.entry!)).keptLastAdmin
     signingIn = await findUserById(deps.db, signingIn.id) ?? signingIn
   }
   // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
@@ -159,7 +160,9 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
     await settle()
     return { kind: 'mfa', ...pending }
   }
-  const signedIn = await openSession(deps, ctx, signingIn.id, { locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}) })
+  const signedIn = await openSession(deps, ctx, signingIn.id, {
+    locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}), ...(keptLastAdmin ? { note: { role_kept: 'last_admin' } } : {})
+  })
   await settle()
   return { kind: 'session', ...signedIn }
 }
@@ -216,17 +219,20 @@ async function userForDirectoryEntry (
       const taken = await findTakenKeys(trx, [username.toLowerCase()], entry.email !== undefined ? [entry.email.toLowerCase()] : [])
       if (taken.usernames.size > 0) return { refused: 'username_taken' as const }
       const email = entry.email !== undefined && taken.emails.size === 0 && entry.email.length <= 254 ? entry.email : null
-      const user = await createUserRecorded(trx, ctx, newUserRow({
+      const row = newUserRow({
         username,
         email,
         first_name: entry.firstName,
         last_name: entry.lastName,
         role: access.role ?? 'user',
         groups: access.groups ?? []
-      }, null, false, at), { source: LDAP_PROVIDER })
+      }, null, false, at)
+      // The person signing in is the actor, as at an OIDC provider's first sign-in.
+      const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: row.id }
+      const user = await createUserRecorded(trx, userCtx, row, { source: LDAP_PROVIDER })
       const identityId = newId()
       await insertIdentity(trx, { id: identityId, user_id: user.id, provider: LDAP_PROVIDER, subject: normaliseDn(entry.dn), email: entry.email ?? null, created_at: at, last_sign_in_at: null })
-      await recordEvent(trx, ctx, 'user.identity_linked', { type: 'user', id: user.id }, { identity_id: identityId, provider: LDAP_PROVIDER, subject: normaliseDn(entry.dn), during: 'sign_in' })
+      await recordEvent(trx, userCtx, 'user.identity_linked', { type: 'user', id: user.id }, { identity_id: identityId, provider: LDAP_PROVIDER, subject: normaliseDn(entry.dn), during: 'sign_in' })
       return { userId: user.id }
     })
   } catch (error) {
@@ -242,12 +248,13 @@ async function userForDirectoryEntry (
  * `source: "ldap"` when they change anything; the last enabled admin keeps
  * the role), and the identity's last sign-in.
  */
-async function applyDirectoryAccess (db: Db, ctx: RequestContext, config: LdapConfig, userId: string, entry: DirectoryUser): Promise<void> {
+async function applyDirectoryAccess (db: Db, ctx: RequestContext, config: LdapConfig, userId: string, entry: DirectoryUser): Promise<{ keptLastAdmin: boolean }> {
   const access = mappedAccess(config, entry.groupDns)
-  await db.transaction().execute(async trx => {
+  return await db.transaction().execute(async trx => {
     const identity = await findIdentity(trx, LDAP_PROVIDER, normaliseDn(entry.dn))
     if (identity !== undefined) await touchIdentity(trx, identity.id, entry.email ?? null, nowIso())
-    if (access.role === undefined && access.groups === undefined) return
-    await changeUserRecorded(trx, ctx, userId, access, { lastAdmin: 'keep', extra: { source: LDAP_PROVIDER } })
+    if (access.role === undefined && access.groups === undefined) return { keptLastAdmin: false }
+    const outcome = await changeUserRecorded(trx, { ...ctx, actorType: 'user', actorId: userId }, userId, access, { lastAdmin: 'keep', extra: { source: LDAP_PROVIDER } })
+    return { keptLastAdmin: outcome.keptLastAdmin }
   })
 }

@@ -128,8 +128,9 @@ export interface ChangeOptions {
   /**
    * When the change would leave no enabled admin: `refuse` answers 409
    * `last_admin` (a person asked: the API, the console, the CLI); `keep`
-   * leaves the role as it is and says so in the event (`role_kept:
-   * "last_admin"`), for a sign-in's mapping, where nobody is there to ask.
+   * leaves the role as it is, for a sign-in's mapping, where nobody is there
+   * to ask: the outcome says so (`keptLastAdmin`) for the sign-in's event, and
+   * a `user.updated` the other changes make carries `role_kept: "last_admin"`.
    */
   lastAdmin: 'refuse' | 'keep'
   /** Checks the locked current row before anything is written (If-Match, who may change it); throwing rolls back. */
@@ -173,13 +174,13 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (current === undefined) throw userNotFound(id)
   options.check?.(current)
   const old = toUser(current)
-  const kept: Record<string, unknown> = {}
+  let keptLastAdmin = false
   let role = changes.role
   const stopsBeingAdmin = old.role === 'admin' && !old.disabled && ((role !== undefined && role !== 'admin') || changes.disabled === true)
   if (stopsBeingAdmin && !admins.some(adminId => adminId !== id)) {
     if (options.lastAdmin === 'refuse' || changes.disabled === true) assertNotLastAdmin(admins, id)
     role = 'admin'
-    kept.role_kept = 'last_admin'
+    keptLastAdmin = true
   }
 
   const now = nowIso()
@@ -210,14 +211,11 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
     diff.password = REDACTED
   }
 
-  if (Object.keys(diff).length === 0) {
-    // Nothing changes, but a mapping that was kept from demoting the last admin is worth a record.
-    if (Object.keys(kept).length > 0) await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...kept })
-    return { user: old, version: current.version, changed: false, keptLastAdmin: 'role_kept' in kept }
-  }
+  // A change that changes nothing records nothing, whoever asked; a sign-in notes a kept role on its own event.
+  if (Object.keys(diff).length === 0) return { user: old, version: current.version, changed: false, keptLastAdmin }
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
-  await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...kept })
+  await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
   if (changes.disabled === true && !old.disabled) {
     await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
     await endSessionsRecorded(trx, ctx, id, 'user_disabled')
@@ -225,7 +223,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
     await revokeKeysRecorded(trx, ctx, id, 'password_changed')
     await endSessionsRecorded(trx, ctx, id, 'password_changed')
   }
-  return { user: toUser(updated), version: updated.version, changed: true, keptLastAdmin: 'role_kept' in kept }
+  return { user: toUser(updated), version: updated.version, changed: true, keptLastAdmin }
 }
 
 /**
