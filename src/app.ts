@@ -191,7 +191,17 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const db = ownDb.withPlugin(writesPlugin(credentials))
   const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
   app.addHook('preClose', stopWatching)
-  if (options.migrate !== false) await migrateToLatest(db, config.databaseSchema)
+  if (options.migrate !== false) {
+    try {
+      await migrateToLatest(db, config.databaseSchema)
+    } catch (error) {
+      // Nobody gets this app to close: what it opened goes now, or the PostgreSQL pool and the
+      // credential listener's reconnecting would keep the process (a test file, the CLI) alive.
+      await stopWatching()
+      if (options.db === undefined) await ownDb.destroy().catch(() => {})
+      throw error
+    }
+  }
 
   const passwords = new PasswordHasher(config)
   app.decorate('config', config)

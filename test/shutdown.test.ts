@@ -222,3 +222,29 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
     })
   }
 })
+
+describe('a build that fails leaves nothing open', () => {
+  const postgres = dialects().find(d => d.name === 'postgres')
+  it('when the migration fails on PostgreSQL, buildApp rejects and the process exits by itself (no pool, no credential listener left)', { skip: postgres === undefined ? 'TEST_DATABASE_URL is not set' : false, timeout: 60_000 }, async () => {
+    const url = new URL(postgres!.url!)
+    url.pathname = `/gatehouse_no_such_db_${randomBytes(4).toString('hex')}`
+    const script = `
+      const { buildApp } = await import(${JSON.stringify(join(root, 'src/app.ts'))})
+      const { defaultConfig } = await import(${JSON.stringify(join(root, 'src/config.ts'))})
+      try {
+        await buildApp({ config: defaultConfig({ databaseUrl: ${JSON.stringify(url.href)}, logLevel: 'silent', credentialCacheTtlMs: 5000 }), logger: false })
+        console.log('built')
+      } catch (error) {
+        console.log('refused: ' + error.code)
+      }`
+    const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root, stdio: ['ignore', 'pipe', 'pipe'] })
+    let stdout = ''
+    child.stdout.on('data', (chunk: Buffer) => { stdout += chunk.toString() })
+    const exited = once(child, 'exit')
+    const deadline = setTimeout(() => { child.kill('SIGKILL') }, 30_000)
+    const [code, signal] = await exited as [number | null, NodeJS.Signals | null]
+    clearTimeout(deadline)
+    assert.match(stdout, /^refused: 3D000/m, 'the database does not exist')
+    assert.deepEqual([code, signal], [0, null], 'the process ended by itself, not by the 30 s kill')
+  })
+})
