@@ -61,7 +61,6 @@ import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-co
 import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
-import { importPackage } from './lib/import-package.ts'
 
 export type FastifyTypeBox = FastifyInstance<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger, TypeBoxTypeProvider>
 
@@ -228,7 +227,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('preClose', async () => { await webhooks.stop() })
   const redis = config.redisUrl !== undefined
     // Imported only when configured: ioredis is a tenth of start-up's module loading.
-    ? new (await importPackage<typeof import('ioredis')>('ioredis')).Redis(config.redisUrl, {
+    ? new (await import('ioredis')).Redis(config.redisUrl, {
       // Every command has a deadline, also while it waits for a (re)connection
       // in the offline queue; past it the request gets 503 (errors.ts).
       commandTimeout: config.redisCommandTimeoutMs,

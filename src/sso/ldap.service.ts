@@ -12,7 +12,6 @@ import { mappedRoleKeepingLastAdmin, toUser } from '../users/users.service.ts'
 import { findIdentity, insertIdentity, touchIdentity } from './identities.repository.ts'
 import { externalUserRow } from './identities.service.ts'
 import { normaliseDn, type LdapConfig } from './ldap.config.ts'
-import { importPackage } from '../lib/import-package.ts'
 
 /** What the directory says of a user it found by the typed identifier. */
 export interface DirectoryUser {
@@ -49,7 +48,7 @@ export function directoryUnavailable (cause: unknown): AppError {
 // Loaded by the first directory sign-in, not at start-up: most deployments have no directory.
 let ldaptsModule: Promise<typeof import('ldapts')> | undefined
 async function ldapts (): Promise<typeof import('ldapts')> {
-  return await (ldaptsModule ??= importPackage<typeof import('ldapts')>('ldapts'))
+  return await (ldaptsModule ??= import('ldapts'))
 }
 
 export async function fillFilter (template: string, values: Record<string, string>): Promise<string> {

@@ -17,7 +17,6 @@ import { externalUserRow } from './identities.service.ts'
 import { deleteLoginsBefore, findProviderRow, insertLogin, listProviderRows, takeLogin, type ProviderRow } from './oidc.repository.ts'
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
-import { importPackage } from '../lib/import-package.ts'
 import { guardedFetch } from '../lib/guarded-fetch.ts'
 import { RefusedAddressError } from '../lib/ssrf-guard.ts'
 
@@ -91,7 +90,7 @@ const discovered = new Map<string, { fingerprint: string, at: number, configurat
 // Loaded by the first OIDC sign-in, not at start-up: a deployment without providers never needs it.
 let openidClientModule: Promise<typeof oidc> | undefined
 async function openidClient (): Promise<typeof oidc> {
-  return await (openidClientModule ??= importPackage<typeof import('openid-client')>('openid-client'))
+  return await (openidClientModule ??= import('openid-client'))
 }
 
 /**
