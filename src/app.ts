@@ -31,7 +31,6 @@ import { isCredentialParam, queryParamName } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
-import { withGlobalHidden } from './lib/hidden-global.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
@@ -277,13 +276,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   await app.register(cookie)
   await app.register(rateLimitPlugin, { redis })
   await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
-  // @fastify/multipart offers request.formData() when it sees globalThis.FormData
-  // (nothing here calls it); only its look is hidden (lib/hidden-global.ts).
-  await withGlobalHidden('FormData', async () => {
-    await app.register(multipart, {
-      attachFieldsToBody: 'keyValues',
-      limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
-    })
+  await app.register(multipart, {
+    attachFieldsToBody: 'keyValues',
+    limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
   })
   // Fastify's own JSON parsing, with syntax errors that say where (lib/json-body.ts).
   const parseJson = jsonParserWithPosition(app)
