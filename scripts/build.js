@@ -17,7 +17,7 @@
 //   the gate for those.
 // dist/.built is written last: the `gatehouse` command (bin/gatehouse.js)
 // runs dist/ only while it is newer than every file in src/.
-import { cpSync, existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
+import { cpSync, existsSync, mkdirSync, readdirSync, realpathSync, rmSync, writeFileSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import { dirname, join, relative, sep } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -53,14 +53,23 @@ const EXTERNAL = [
 
 // Bundled CommonJS packages that find their own files through __dirname:
 // each of their modules gets the directory it has in node_modules, found at
-// run time from the bundle (so a moved installation still works).
+// run time from the bundle (so a moved installation still works). Left
+// outside the bundle instead, Swagger UI cost 24 ms of start-up and 4 MiB of
+// idle RSS (303 against 279 ms, 98 to 100 against 95 to 96 MiB, medians of 7).
 const OWN_DIRNAME = ['@fastify/swagger-ui']
 const ownDirname = {
   name: 'own-dirname',
   setup (build) {
     for (const name of OWN_DIRNAME) {
-      const dir = join(root, 'node_modules', name)
+      // Real path: esbuild names modules by theirs, also where node_modules (or a package in it) is a
+      // symbolic link, as pnpm and monorepos make it; the filter must match those names.
+      const dir = realpathSync(join(root, 'node_modules', name))
+      let seen = false
+      build.onEnd(() => {
+        if (!seen) throw new Error(`gatehouse build: no module of ${name} was bundled from ${dir}; its __dirname would be wrong`)
+      })
       build.onLoad({ filter: new RegExp(`^${dir.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}[\\/].*\\.js$`) }, async (args) => {
+        seen = true
         const within = relative(dir, dirname(args.path)).split(sep).join('/')
         const contents = await readFile(args.path, 'utf8')
         return {
