@@ -4,6 +4,7 @@
 // file in src/; otherwise the TypeScript sources through tsx (a runtime
 // dependency), so an edited checkout never runs a stale build.
 import { existsSync, readdirSync, statSync } from 'node:fs'
+import { createRequire } from 'node:module'
 
 const root = new URL('../', import.meta.url)
 const stamp = new URL('dist/.built', root)
@@ -19,7 +20,8 @@ function newestSource (dir) {
 
 let main
 if (existsSync(stamp) && statSync(stamp).mtimeMs >= newestSource(new URL('src/', root))) {
-  ;({ main } = await import('../dist/cli/main.js'))
+  // CommonJS (dist/package.json): required, so Node does not scan 3 MB for its export names first.
+  ({ main } = createRequire(import.meta.url)('../dist/cli/main.js'))
 } else {
   const { register } = await import('tsx/esm/api')
   register()

@@ -109,6 +109,13 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
       }
     })
   }
+
+  it('writes the bundles as CommonJS in strict mode, as the ES modules they are made of', () => {
+    assert.deepEqual(JSON.parse(readFileSync(join(root, 'dist/package.json'), 'utf8')), { type: 'commonjs' })
+    for (const file of ['dist/server.js', 'dist/cli/main.js']) {
+      assert.match(readFileSync(join(root, file), 'utf8').slice(0, 100), /^'use strict';/, file)
+    }
+  })
 })
 
 /**
