@@ -1,11 +1,11 @@
 // `npm run build`, and `npm install` through `prepare`: bundles src/ into
 // dist/ with esbuild, so that start-up reads a few files instead of the
 // hundreds of small modules under node_modules. Measured (issue 17, Node 20,
-// 2-core VM, medians of 7 starts to the first 2xx of /auth/healthz,
-// interleaved, SQLite / PostgreSQL): the bundle 271 / 321 ms; src/ alone
-// bundled, the packages loaded from node_modules (`packages: 'external'`),
-// 686 / 854 ms and 20 MiB more idle RSS. The goals are < 500 ms and < 100 MiB
-// (bench/README.md, "Issue 17").
+// 2-core VM shared with other work, medians of 7 starts to the first 2xx of
+// /auth/healthz, builds interleaved, SQLite / PostgreSQL): this bundle 288 /
+// 459 ms and 96 / 96 MiB idle RSS; src/ alone bundled, the packages loaded
+// from node_modules (`packages: 'external'`), 795 / 1,009 ms and 119 to 122
+// MiB. The goals are < 500 ms and < 100 MiB (bench/README.md, "Issue 17").
 //
 // - Two CommonJS bundles: dist/server.js (`npm start`) and dist/cli/main.js
 //   (the `gatehouse` command, which also serves); dist/package.json says
