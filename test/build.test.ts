@@ -128,7 +128,7 @@ describe('the build where node_modules is a symbolic link (pnpm, monorepos)', ()
   let copy: string
   before(() => {
     copy = mkdtempSync(join(tmpdir(), 'gatehouse-linked-'))
-    for (const part of ['package.json', 'scripts', 'src']) cpSync(join(root, part), join(copy, part), { recursive: true })
+    for (const part of ['package.json', 'tsconfig.json', 'scripts', 'src']) cpSync(join(root, part), join(copy, part), { recursive: true })
     symlinkSync(join(root, 'node_modules'), join(copy, 'node_modules'), 'dir')
   })
   after(() => { rmSync(copy, { recursive: true, force: true }) })
