@@ -32,29 +32,6 @@ export async function startTimed (name: string, env: NodeJS.ProcessEnv, base: st
   throw new Error(`${name} did not answer within 60 s`)
 }
 
-/**
- * Where a start's compiled code came from: the `code_cache` field of its
- * serving line (src/server.ts), read before load fills its log; `unknown`
- * where the log level hides that line.
- */
-export async function codeCacheState (child: Child): Promise<string> {
-  // The log is written in blocks, at least every 250 ms (src/app.ts: bufferedStdout).
-  const deadline = performance.now() + 2000
-  do {
-    for (const line of readFileSync(child.stdoutPath, 'utf8').split('\n')) {
-      if (!line.startsWith('{')) continue
-      try {
-        const entry = JSON.parse(line) as { msg?: unknown, code_cache?: unknown }
-        if (entry.msg === 'gatehouse is serving') return String(entry.code_cache ?? 'none')
-      } catch {
-        // not a log line
-      }
-    }
-    await sleep(50)
-  } while (performance.now() < deadline)
-  return 'unknown'
-}
-
 /** Resident set size of a process, in MiB, from /proc; null where there is none. */
 export function rssMiB (child: Child): number | null {
   try {

@@ -17,7 +17,7 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
-import { argon2Limit, BENCH_PASSWORD, codeCacheState, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
+import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
   log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
@@ -199,7 +199,7 @@ async function measureCreates (child: Child, base: string, key: string): Promise
   }
 }
 
-type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], codeCache: string, idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
+type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
 
 /** The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it. */
 async function measurePostgres (): Promise<PostgresPart> {
@@ -228,7 +228,6 @@ async function measurePostgres (): Promise<PostgresPart> {
     })
     const { child, startupMs: firstStartMs } = await startTimed('gatehouse-pg', pgEnv, base)
     const key = await readAdminKey(child)
-    const codeCache = await codeCacheState(child)
     const url = `${base}${USERS_PATH}?limit=${PAGE_SIZE}`
     const page = await checkList(url, { 'x-api-key': key }, PAGE_SIZE)
     await sleep(2000)
@@ -238,14 +237,14 @@ async function measurePostgres (): Promise<PostgresPart> {
     const verify = await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie }, 0)
     await stopChild(child)
     const startsMs = [firstStartMs, ...await restarts('gatehouse-pg-restart', pgEnv, STARTS - 1)]
-    return { ran: true, startupMs: median(startsMs), startsMs, codeCache, idleRss, list, verify, seedMs }
+    return { ran: true, startupMs: median(startsMs), startsMs, idleRss, list, verify, seedMs }
   } finally {
     await dropSchema(settings.postgresUrl, schema)
   }
 }
 
 /** Issue 8's table: each row as measured in this run, with its goal. */
-function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: number, startsMs: number[], codeCache: string, coldStartupMs: number, idleRss: number | null, verifyResult: Measurement, creates: Awaited<ReturnType<typeof measureCreates>>, postgres: PostgresPart, bareResult: Measurement, gatehouseResult: Measurement }): { text: string, values: Record<string, number | null | string | boolean> } {
+function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: number, startsMs: number[], idleRss: number | null, verifyResult: Measurement, creates: Awaited<ReturnType<typeof measureCreates>>, postgres: PostgresPart, bareResult: Measurement, gatehouseResult: Measurement }): { text: string, values: Record<string, number | null | string | boolean> } {
   const pgPart = m.postgres
   // PostgreSQL's own processes count as "other CPU" during the PostgreSQL targets (about a core), so only the others tell whether the machine was quiet.
   const measured: Array<[string, Measurement]> = [['bare', m.bareResult], ['gatehouse', m.gatehouseResult], ['verify', m.verifyResult], ['create', m.creates.run]]
@@ -259,7 +258,6 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
     verifyPostgresToSqlite: pgPart.ran ? pgPart.verify.reqPerSec.average / m.verifyResult.reqPerSec.average : null,
     startupSqliteMs: m.startupMs,
     startupPostgresMs: pgPart.ran ? pgPart.startupMs : null,
-    startupSqliteWithoutCodeCacheMs: m.coldStartupMs,
     idleRssSqliteMiB: m.idleRss,
     idleRssPostgresMiB: pgPart.ran ? pgPart.idleRss : null,
     createToArgon2Limit: createRatio,
@@ -271,7 +269,7 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
     ['list 50 on SQLite ÷ bare Fastify (CPU-time ratio)', `${show(values.listSqliteToBare, 3)} (${show(values.listSqliteToBareCpuTime, 3)})`, '≥ 0.5', m.ratio >= 0.5],
     ['list 50 on PostgreSQL ÷ bare Fastify', show(values.listPostgresToBare, 3), '≥ 0.3', typeof values.listPostgresToBare === 'number' && values.listPostgresToBare >= 0.3],
     ['verify (session cookie) PostgreSQL ÷ SQLite', show(values.verifyPostgresToSqlite, 3), '≥ 0.7', typeof values.verifyPostgresToSqlite === 'number' && values.verifyPostgresToSqlite >= 0.7],
-    [`startup to first 2xx, median of ${STARTS} starts, SQLite / PostgreSQL (compiled code: ${m.codeCache} / ${pgPart.ran ? pgPart.codeCache : 'n/a'})`, `${show(values.startupSqliteMs, 0, ' ms')} / ${show(values.startupPostgresMs, 0, ' ms')}`, '< 500 ms',
+    [`startup to first 2xx, median of ${STARTS} starts, SQLite / PostgreSQL`, `${show(values.startupSqliteMs, 0, ' ms')} / ${show(values.startupPostgresMs, 0, ' ms')}`, '< 500 ms',
       m.startupMs < 500 && (!pgPart.ran || pgPart.startupMs < 500)],
     ['idle RSS, SQLite / PostgreSQL', `${show(values.idleRssSqliteMiB, 0, ' MiB')} / ${show(values.idleRssPostgresMiB, 0, ' MiB')}`, '< 100 MiB',
       m.idleRss !== null && m.idleRss < 100 && (!pgPart.ran || (pgPart.idleRss !== null && pgPart.idleRss < 100))],
@@ -282,7 +280,6 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
   const table = formatTable(['issue 8 row', 'this run', 'goal', 'met'], rows.map(([a, b, c, d]) => [a, b, c, d ? 'yes' : 'NO']))
   const text = ['', 'Issue 8, every row from this run (ratios of targets measured one after another in this run):', '', ...table.lines,
     `Starts, in ms, the first one issuing the admin key: SQLite ${m.startsMs.map(v => v.toFixed(0)).join(', ')}; PostgreSQL ${pgPart.ran ? pgPart.startsMs.map(v => v.toFixed(0)).join(', ') : 'n/a'}.`,
-    `The same SQLite start without the compiled code the build kept (NODE_DISABLE_COMPILE_CACHE=1), median of ${STARTS}: ${show(values.startupSqliteWithoutCodeCacheMs, 0, ' ms')}.`,
     ...(pgPart.ran ? [] : [`PostgreSQL part skipped: ${pgPart.why}`]),
     ...(busy.length > 0 ? [`WARNING: other processes used ${busy.join(', ')} of the CPU while measuring: these ratios are disturbed; run again on a quiet machine.`] : []),
     ''].join('\n') + '\n'
@@ -326,7 +323,6 @@ async function main (): Promise<void> {
   const gatehouseBase = `http://${HOST}:${gatehousePort}`
   const { child: gatehouse, startupMs: firstStartMs } = await startTimed('gatehouse', env, gatehouseBase, profArgs('gatehouse'))
   const key = await readAdminKey(gatehouse)
-  const codeCache = await codeCacheState(gatehouse)
   const auth = { 'x-api-key': key }
   log(`gatehouse ready on ${gatehouseBase} (pid ${gatehouse.proc.pid}), admin key ${key.slice(0, 16)}…`)
 
@@ -363,11 +359,9 @@ async function main (): Promise<void> {
   const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
   const creates = await measureCreates(gatehouse, gatehouseBase, key)
   const postgres = await measurePostgres()
-  // More starts on the same file, beside the idle server; then as many without the code the build compiled and kept: what that saves.
+  // More starts on the same file, beside the idle server.
   const startsMs = [firstStartMs, ...await restarts('gatehouse-restart', env, STARTS - 1)]
   const startupMs = median(startsMs)
-  const coldStartsMs = await restarts('gatehouse-cold', { ...env, NODE_DISABLE_COMPILE_CACHE: '1' }, STARTS)
-  const coldStartupMs = median(coldStartsMs)
 
   // 5. Report.
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
@@ -381,7 +375,7 @@ async function main (): Promise<void> {
   process.stdout.write(`bare+read/bare: ${(bareReadResult.reqPerSec.average / bareResult.reqPerSec.average).toFixed(3)} ` +
     `(the issue's reference read); gatehouse/bare+read: ${readRatio.toFixed(3)}\n\n`)
 
-  const rows = issueRows({ ratio, cpuRatio, startupMs, startsMs, codeCache, coldStartupMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
+  const rows = issueRows({ ratio, cpuRatio, startupMs, startsMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
   process.stdout.write(rows.text)
 
   const report = {
@@ -390,7 +384,7 @@ async function main (): Promise<void> {
     verify: verifyResult,
     creates,
     postgres,
-    startup: { ms: startupMs, startsMs, codeCache, withoutCodeCacheMs: coldStartupMs, withoutCodeCacheStartsMs: coldStartsMs, idleRssMiB: idleRss },
+    startup: { ms: startupMs, startsMs, idleRssMiB: idleRss },
     startedAt: stamp,
     valid,
     /** False when other processes competed for the CPU (see otherCpu): compare such runs with care. */

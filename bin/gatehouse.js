@@ -20,8 +20,8 @@ function newestSource (dir) {
 
 let main
 if (existsSync(stamp) && statSync(stamp).mtimeMs >= newestSource(new URL('src/', root))) {
-  // CommonJS: required, so Node does not scan 2.5 MB for its export names first.
-  ({ main } = createRequire(import.meta.url)('../dist/cli/main.cjs'))
+  // CommonJS (dist/package.json): required, so Node does not scan 3 MB for its export names first.
+  ({ main } = createRequire(import.meta.url)('../dist/cli/main.js'))
 } else {
   const { register } = await import('tsx/esm/api')
   register()

@@ -31,7 +31,6 @@ import { isCredentialParam, queryParamName } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
-import { withGlobalHidden } from './lib/hidden-global.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
@@ -63,7 +62,6 @@ import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-co
 import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
-import { importPackage } from './lib/import-package.ts'
 
 export interface BuildOptions {
   config: Config
@@ -215,7 +213,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('preClose', async () => { await webhooks.stop() })
   const redis = config.redisUrl !== undefined
     // Imported only when configured: ioredis is a tenth of start-up's module loading.
-    ? new (await importPackage<typeof import('ioredis')>('ioredis')).Redis(config.redisUrl, {
+    ? new (await import('ioredis')).Redis(config.redisUrl, {
       // Every command has a deadline, also while it waits for a (re)connection
       // in the offline queue; past it the request gets 503 (errors.ts).
       commandTimeout: config.redisCommandTimeoutMs,
@@ -265,13 +263,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   await app.register(cookie)
   await app.register(rateLimitPlugin, { redis })
   await app.register(formbody, { bodyLimit: config.bodyLimitBytes })
-  // @fastify/multipart offers request.formData() when it sees globalThis.FormData
-  // (nothing here calls it); only its look is hidden (lib/hidden-global.ts).
-  await withGlobalHidden('FormData', async () => {
-    await app.register(multipart, {
-      attachFieldsToBody: 'keyValues',
-      limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
-    })
+  await app.register(multipart, {
+    attachFieldsToBody: 'keyValues',
+    limits: { files: 0, fields: 50, fieldSize: config.bodyLimitBytes, parts: 50, fieldNameSize: 100 }
   })
   // Fastify's own JSON parsing, with syntax errors that say where (lib/json-body.ts).
   const parseJson = jsonParserWithPosition(app)

@@ -5,21 +5,12 @@ import { buildApp } from './app.ts'
 import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
 import { ConfigError, loadConfig } from './config.ts'
 import { AppError } from './errors.ts'
-import type { CodeCache } from './launcher/code-cache.ts'
-
-export interface StartOptions {
-  /** From the launcher (dist/server.js): where this start's compiled code came from, and how to keep it. */
-  codeCache?: CodeCache
-}
-
-/** After listening: the functions the first requests compile are kept too. */
-const CODE_CACHE_DELAY_MS = 1000
 
 /**
  * The process entry: config, bootstrap, listen, graceful shutdown. Run by
  * `npm start` (this file) and by `gatehouse serve` (src/cli/main.ts).
  */
-export async function startServer ({ codeCache }: StartOptions = {}): Promise<void> {
+export async function startServer (): Promise<void> {
   let config
   try {
     config = loadConfig()
@@ -58,17 +49,7 @@ export async function startServer ({ codeCache }: StartOptions = {}): Promise<vo
 
   const generatedKey = await issueFirstAdminKey(app.db, config)
   if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
-  app.log.info({ address, docs: `${base}/docs`, ...(codeCache !== undefined ? { code_cache: codeCache.state } : {}) }, 'gatehouse is serving')
-  if (codeCache !== undefined && (codeCache.state === 'missing' || codeCache.state === 'rejected')) {
-    setTimeout(() => {
-      try {
-        if (codeCache.save()) app.log.info({ file: codeCache.file }, 'kept the compiled code for the next start')
-      } catch (err) {
-        // A read-only installation only costs the next start its compile time.
-        app.log.info({ err, file: codeCache.file }, 'could not keep the compiled code for the next start')
-      }
-    }, CODE_CACHE_DELAY_MS).unref()
-  }
+  app.log.info({ address, docs: `${base}/docs` }, 'gatehouse is serving')
 
   // SIGPIPE stays ignored, as Node.js sets it: a stdout whose reader is gone
   // then fails writes with EPIPE, which the log destination turns into
@@ -120,9 +101,9 @@ function listenProblem (error: NodeJS.ErrnoException, host: string, port: number
   }
 }
 
-// Started directly (`tsx src/server.ts`), not imported: `node dist/server.js` is a launcher that
-// loads the bundle and calls startServer (src/launcher/server.ts). The name is checked too: in the
-// CLI's bundle (dist/cli/main.cjs) this module shares the entry's import.meta.url.
+// Started directly (`tsx src/server.ts`, or `node dist/server.js`, this file bundled), not imported.
+// The name is checked too: in the CLI's bundle (dist/cli/main.js) this module shares the entry's
+// import.meta.url.
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(realpathSync(process.argv[1])).href && /server\.[jt]s$/.test(process.argv[1])) {
   startServer().catch((error: unknown) => {
     // A failed start ends the process, without waiting on what a half-built app left open.

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { cpSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, before, describe, it } from 'node:test'
@@ -13,51 +13,6 @@ import { TEST_REDIS_URL } from './redis.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
-
-/** The fields of the line that says the service is serving, from a start's output. */
-function servingLine (output: string): Record<string, unknown> | undefined {
-  for (const line of output.split('\n')) {
-    if (!line.startsWith('{')) continue
-    let entry: Record<string, unknown>
-    try {
-      entry = JSON.parse(line) as Record<string, unknown>
-    } catch {
-      // the last line, still arriving
-      continue
-    }
-    if (entry.msg === 'gatehouse is serving') return entry
-  }
-  return undefined
-}
-
-/** Starts dist/server.js on SQLite and waits until it serves, and, with `until`, for a line matching it. */
-async function startBuilt (env: NodeJS.ProcessEnv, until?: RegExp): Promise<{ output: string, stop: () => Promise<void> }> {
-  const port = await freePort()
-  const child = spawn(process.execPath, [join(root, 'dist/server.js')], { env: { PATH: process.env.PATH, HOST: '127.0.0.1', PORT: String(port), ...env }, stdio: ['ignore', 'pipe', 'pipe'] })
-  let output = ''
-  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
-  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
-  const stop = async (): Promise<void> => {
-    if (child.exitCode !== null) return
-    child.kill('SIGTERM')
-    await once(child, 'exit')
-  }
-  try {
-    const deadline = Date.now() + 30_000
-    const ready = (): boolean => servingLine(output) !== undefined && (until === undefined || until.test(output))
-    while (!ready()) {
-      assert.equal(child.exitCode, null, `dist/server.js exited: ${output}`)
-      assert.ok(Date.now() < deadline, `no ${until === undefined ? 'serving line' : String(until)} in 30 s: ${output}`)
-      await new Promise(resolve => setTimeout(resolve, 50))
-    }
-    const health = await fetch(`http://127.0.0.1:${port}/auth/healthz`)
-    assert.equal(health.status, 200, output)
-  } catch (error) {
-    await stop()
-    throw error
-  }
-  return { get output () { return output }, stop }
-}
 
 /**
  * `npm start` runs the bundle in dist/, not the sources the other tests load
@@ -152,50 +107,62 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         if (child.exitCode === null) await once(child, 'exit')
         if (dialect.url !== undefined) await dropSchema(dialect.url, schema)
       }
-      // The build kept the code V8 compiled for the bundle (dist/warm-code-cache.js), and this start used it.
-      assert.equal(servingLine(output)?.code_cache, 'used', output)
     })
   }
 
-  it('writes the service\'s bundle inside Node\'s module function, in strict mode as the ES modules it is made of', () => {
-    const start = readFileSync(join(root, 'dist/gatehouse.cjs'), 'latin1').slice(0, 200)
-    assert.match(start, /^\(function \(exports, require, module, __filename, __dirname\) \{ 'use strict';/)
-    assert.match(readFileSync(join(root, 'dist/cli/main.cjs'), 'latin1').slice(0, 200), /^'use strict';/)
+  it('writes the bundles as CommonJS in strict mode, as the ES modules they are made of', () => {
+    assert.deepEqual(JSON.parse(readFileSync(join(root, 'dist/package.json'), 'utf8')), { type: 'commonjs' })
+    for (const file of ['dist/server.js', 'dist/cli/main.js']) {
+      assert.match(readFileSync(join(root, file), 'utf8').slice(0, 100), /^'use strict';/, file)
+    }
   })
+})
 
-  it('keeps the compiled code where there was none or it was damaged, uses it at the next start, and keeps none when told not to', { timeout: 60_000 }, async () => {
-    const cacheDir = join(tmp, 'compile-cache')
-    const env = { NODE_COMPILE_CACHE: cacheDir, DATABASE_URL: `sqlite:${join(tmp, 'cache.db')}`, GATEHOUSE_ADMIN_USERNAME: 'builtadmin', GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD }
-    const kept = (): string[] => existsSync(join(cacheDir, 'gatehouse')) ? readdirSync(join(cacheDir, 'gatehouse')) : []
+/**
+ * pnpm and monorepos give a project a node_modules that is a symbolic link
+ * (or holds links): esbuild then names the bundled modules by their real
+ * paths, and a build that matched them by the linked path gave Swagger UI the
+ * bundle's directory as its own (ENOENT dist/static/logo.svg at start).
+ */
+describe('the build where node_modules is a symbolic link (pnpm, monorepos)', () => {
+  let copy: string
+  before(() => {
+    copy = mkdtempSync(join(tmpdir(), 'gatehouse-linked-'))
+    for (const part of ['package.json', 'tsconfig.json', 'scripts', 'src']) cpSync(join(root, part), join(copy, part), { recursive: true })
+    symlinkSync(join(root, 'node_modules'), join(copy, 'node_modules'), 'dir')
+  })
+  after(() => { rmSync(copy, { recursive: true, force: true }) })
 
-    const first = await startBuilt(env, /kept the compiled code for the next start/)
-    await first.stop()
-    assert.equal(servingLine(first.output)?.code_cache, 'missing', first.output)
-    assert.equal(kept().length, 1, kept().join(', '))
-    const file = join(cacheDir, 'gatehouse', kept()[0]!)
-
-    const second = await startBuilt(env)
-    await second.stop()
-    assert.equal(servingLine(second.output)?.code_cache, 'used', second.output)
-
-    // One byte changed in the middle, where V8 itself would not look: refused, compiled afresh, and kept again.
-    const data = readFileSync(file)
-    const middle = data.length >> 1
-    data.writeUInt8(data.readUInt8(middle) ^ 0xff, middle)
-    writeFileSync(file, data)
-    const third = await startBuilt(env, /kept the compiled code for the next start/)
-    await third.stop()
-    assert.equal(servingLine(third.output)?.code_cache, 'rejected', third.output)
-    const fourth = await startBuilt(env)
-    await fourth.stop()
-    assert.equal(servingLine(fourth.output)?.code_cache, 'used', fourth.output)
-
-    rmSync(cacheDir, { recursive: true })
-    const off = await startBuilt({ ...env, NODE_DISABLE_COMPILE_CACHE: '1' })
-    // Past the moment a start would keep its code.
-    await new Promise(resolve => setTimeout(resolve, 1500))
-    await off.stop()
-    assert.equal(servingLine(off.output)?.code_cache, 'off', off.output)
-    assert.deepEqual(kept(), [])
+  it('builds a service that starts and serves Swagger UI with its own files', { timeout: 60_000 }, async () => {
+    const build = spawnSync(process.execPath, [join(copy, 'scripts/build.js')], { cwd: copy, encoding: 'utf8' })
+    assert.equal(build.status, 0, build.stderr)
+    const port = await freePort()
+    const env = { PATH: process.env.PATH, HOME: process.env.HOME, HOST: '127.0.0.1', PORT: String(port), DATABASE_URL: `sqlite:${join(copy, 'linked.db')}` }
+    const child = spawn(process.execPath, [join(copy, 'dist/server.js')], { cwd: copy, env, stdio: ['ignore', 'pipe', 'pipe'] })
+    let output = ''
+    child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
+    child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
+    const base = `http://127.0.0.1:${port}/auth`
+    try {
+      const deadline = Date.now() + 30_000
+      for (;;) {
+        assert.equal(child.exitCode, null, `the linked copy's dist/server.js exited: ${output}`)
+        if ((await fetch(`${base}/healthz`).catch(() => undefined))?.status === 200) break
+        assert.ok(Date.now() < deadline, `not serving in 30 s: ${output}`)
+        await new Promise(resolve => setTimeout(resolve, 50))
+      }
+      const docs = await fetch(`${base}/docs/`)
+      assert.equal(docs.status, 200)
+      assert.match(await docs.text(), /swagger-ui/i)
+      const swaggerUi = join(root, 'node_modules/@fastify/swagger-ui/static')
+      for (const file of ['logo.svg', 'swagger-ui.css']) {
+        const asset = await fetch(`${base}/docs/static/${file}`)
+        assert.equal(asset.status, 200, file)
+        assert.ok(Buffer.from(await asset.arrayBuffer()).equals(readFileSync(join(swaggerUi, file))), file)
+      }
+    } finally {
+      child.kill('SIGTERM')
+      if (child.exitCode === null) await once(child, 'exit')
+    }
   })
 })

@@ -404,7 +404,7 @@ for (const dialect of dialects()) {
       assert.equal(rows[1]!.actor, `<a href="/auth/admin/users/${admin.id}">${admin.username}</a><br><span class="id muted">${admin.id}</span>`)
       assert.equal(rows[0]!.actor, `API key <a href="/auth/admin/api-keys?include_revoked=true#key-${updated!.actor.id}">${key.name}</a><br><span class="id muted">${updated!.actor.id}</span>`)
       const lines = [...rows[0]!.details.matchAll(/<li>(.*?)<\/li>/g)].map(m => m[1])
-      assert.deepEqual(lines.sort(), ['first_name: — &rarr; Ada', 'groups: (none) &rarr; analysts, ops', 'password: [redacted]'])
+      assert.deepEqual(lines.sort(), ['first_name: — → Ada', 'groups: (none) → analysts, ops', 'password: [redacted]'])
       assert.match(rows[1]!.details, new RegExp(`<li>username: ${username}</li>`))
       assert.doesNotMatch(res.body, /\{&#34;|another long passphrase/, 'no raw JSON, no secret')
       // The key's row on the keys page is where the link points.
@@ -526,7 +526,7 @@ for (const dialect of dialects()) {
       const page = await get(t, admin.cookie, `/auth/admin/users/${user.id}`)
       assert.equal(page.statusCode, 200)
       assert.match(page.body, /<dt>Authenticator app<\/dt><dd>yes<\/dd>\s*<dt>Passkeys<\/dt><dd>0<\/dd>\s*<dt>Recovery codes left<\/dt><dd>10 of 10<\/dd>/)
-      assert.match(page.body, new RegExp(`<a class="button danger" href="/auth/admin/users/${user.id}/mfa-reset">Reset second factor&hellip;</a>`))
+      assert.match(page.body, new RegExp(`<a class="button danger" href="/auth/admin/users/${user.id}/mfa-reset">Reset second factor…</a>`))
 
       const confirm = await get(t, admin.cookie, `/auth/admin/users/${user.id}/mfa-reset`)
       assert.equal(confirm.statusCode, 200)

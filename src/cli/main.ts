@@ -65,7 +65,7 @@ export async function main (argv: string[]): Promise<number> {
 }
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(realpathSync(process.argv[1])).href) {
-  // Not a top-level await: the bundle (dist/cli/main.cjs) is CommonJS. main() answers every error with a code.
+  // main() answers every error with a code.
   main(process.argv.slice(2)).then(code => {
     // `serve` keeps running; every other command ends here with its code.
     if (process.argv[2] !== 'serve' || code !== EXIT_OK) {

@@ -37,7 +37,7 @@ export function layout (ctx: ViewContext, title: string, section: Section, body:
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${title} &middot; gatehouse admin</title>
+<title>${title} · gatehouse admin</title>
 <link rel="stylesheet" href="${admin}/assets/console.css">
 <script src="${admin}/assets/console.js" defer></script>
 </head>
@@ -171,7 +171,7 @@ export function dbUserCommand (username: string, action: 'create' | 'drop'): Saf
     ? `export SERVICE_DATABASE_URL=postgres://…\nnpx gatehouse db-user create ${role}`
     : `export SERVICE_DATABASE_URL=postgres://…\nnpx gatehouse db-user drop ${role}`
   return html`<pre class="command"><code>${command}</code></pre>
-${problem !== undefined ? html`<p class="hint">&ldquo;${username}&rdquo; cannot be a role name (${problem}); the command above uses &ldquo;${role}&rdquo;. Choose another lower-case name if you prefer.</p>` : ''}
+${problem !== undefined ? html`<p class="hint">“${username}” cannot be a role name (${problem}); the command above uses “${role}”. Choose another lower-case name if you prefer.</p>` : ''}
 <p class="hint">${action === 'create'
   ? 'It asks for the password and creates the role with LOGIN CREATEDB; add --privileges login,createdb,superuser for a superuser. See docs/cli.md.'
   : 'It drops that role and nothing else. See docs/cli.md.'}</p>`
@@ -218,13 +218,13 @@ export function dataLines (data: Record<string, unknown>): SafeHtml {
   for (const [name, value] of Object.entries(data)) {
     if (name === 'changes' && typeof value === 'object' && value !== null && !Array.isArray(value)) {
       for (const [field, change] of Object.entries(value)) {
-        lines.push(isChange(change) ? html`<li>${field}: ${readable(change.from)} &rarr; ${readable(change.to)}</li>` : html`<li>${field}: ${readable(change)}</li>`)
+        lines.push(isChange(change) ? html`<li>${field}: ${readable(change.from)} → ${readable(change.to)}</li>` : html`<li>${field}: ${readable(change)}</li>`)
       }
     } else {
       lines.push(html`<li>${name}: ${readable(value)}</li>`)
     }
   }
-  return lines.length === 0 ? html`<span class="muted">&mdash;</span>` : html`<ul class="lines">${lines}</ul>`
+  return lines.length === 0 ? html`<span class="muted">—</span>` : html`<ul class="lines">${lines}</ul>`
 }
 
 const NO_NAMES: PartyNames = { users: new Map(), apiKeys: new Map(), webhooks: new Map() }
@@ -308,7 +308,7 @@ ${user.disabled
   : html`<form method="post" action="${url}/disable" data-confirm="Disable ${user.username}? Their sessions end and their API keys are revoked." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`}
 <form method="post" action="${url}/unlock"><button type="submit" class="secondary">Reset sign-in lock</button></form>
 <form method="post" action="${url}/end-sessions" data-confirm="End every session of ${user.username}? They will have to sign in again." data-confirm-label="End sessions"><button type="submit" class="secondary">End sessions</button></form>
-<a class="button danger" href="${url}/delete">Delete&hellip;</a>
+<a class="button danger" href="${url}/delete">Delete…</a>
 </div>
 <p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
 </section>
@@ -344,7 +344,7 @@ function mfaSection (url: string, user: User, mfa: MfaStatus): SafeHtml {
   return html`<section class="panel" aria-labelledby="mfa-title"><h2 id="mfa-title">Second factor</h2>
 ${mfaFacts(mfa)}
 ${hasFactors(mfa)
-  ? html`<div class="actions"><a class="button danger" href="${url}/mfa-reset">Reset second factor&hellip;</a></div>
+  ? html`<div class="actions"><a class="button danger" href="${url}/mfa-reset">Reset second factor…</a></div>
 <p class="hint">For someone who lost their phone or security key: removes ${user.username}'s authenticator app, passkeys and recovery codes, after a confirmation. They enrol again on their account security page.</p>`
   : html`<p class="hint">Nothing enrolled, so nothing to reset. ${user.username} enrols a factor on their account security page after signing in.</p>`}
 </section>`
@@ -437,13 +437,13 @@ export function apiKeysPage (ctx: ViewContext, keys: ApiKey[], includeRevoked: b
     const expired = key.expires_at !== null && Date.parse(key.expires_at) <= Date.now()
     const status = key.revoked_at !== null ? html`<span class="badge off">revoked</span>` : expired ? html`<span class="badge off">expired</span>` : 'active'
     return html`<tr id="key-${key.id}">
-<td data-label="Name">${key.name}</td><td data-label="Prefix"><code>${key.prefix}&hellip;</code></td><td data-label="Scopes">${key.scopes.join(', ')}</td>
+<td data-label="Name">${key.name}</td><td data-label="Prefix"><code>${key.prefix}…</code></td><td data-label="Scopes">${key.scopes.join(', ')}</td>
 <td data-label="Owner">${key.user_id === null ? html`<span class="muted">deployment</span>` : html`<a href="${ctx.base}/admin/users/${key.user_id}">owner's account</a>`}</td>
 <td data-label="Created">${date(key.created_at)}</td><td data-label="Expires">${key.expires_at === null ? html`<span class="muted">no expiry</span>` : date(key.expires_at)}</td><td data-label="Last used">${date(key.last_used_at)}</td><td data-label="Status">${status}</td>
 <td data-label="Actions">${key.revoked_at === null
   ? html`<div class="actions">
-<form method="post" action="${page}/${key.id}/rotate" data-confirm="Rotate &ldquo;${key.name}&rdquo;? Its current secret stops working at once." data-confirm-label="Rotate"><button type="submit" class="secondary" aria-label="Rotate ${key.name}">Rotate</button></form>
-<form method="post" action="${page}/${key.id}/revoke" data-confirm="Revoke &ldquo;${key.name}&rdquo;? It stops working at once." data-confirm-label="Revoke"><button type="submit" class="danger" aria-label="Revoke ${key.name}">Revoke</button></form></div>`
+<form method="post" action="${page}/${key.id}/rotate" data-confirm="Rotate “${key.name}”? Its current secret stops working at once." data-confirm-label="Rotate"><button type="submit" class="secondary" aria-label="Rotate ${key.name}">Rotate</button></form>
+<form method="post" action="${page}/${key.id}/revoke" data-confirm="Revoke “${key.name}”? It stops working at once." data-confirm-label="Revoke"><button type="submit" class="danger" aria-label="Revoke ${key.name}">Revoke</button></form></div>`
   : ''}</td></tr>`
   })
   const scopeHints: Record<string, string> = { admin: 'everything', 'users:read': 'list and read users', 'users:write': 'create, change and delete users (not admins)', 'events:read': 'read the event log', 'webhooks:manage': 'manage webhooks' }
@@ -554,7 +554,7 @@ export function webhooksPage (ctx: ViewContext, webhooks: Webhook[], form: Webho
 <td data-label="URL" class="data"><a href="${page}/${w.id}">${w.url}</a></td>
 <td data-label="Event types">${eventTypesOf(w)}</td>
 <td data-label="Status">${webhookStatus(w)}</td>
-<td data-label="Failing since">${w.failing_since === null ? html`<span class="muted">&mdash;</span>` : date(w.failing_since)}</td>
+<td data-label="Failing since">${w.failing_since === null ? html`<span class="muted">—</span>` : date(w.failing_since)}</td>
 <td data-label="Description" class="data">${w.description ?? ''}</td>
 <td data-label="Created">${date(w.created_at)}</td>
 </tr>`)
@@ -594,7 +594,7 @@ ${webhook.description !== null ? html`<dt>Description</dt><dd>${webhook.descript
 <dt>ID</dt><dd><code>${webhook.id}</code></dd>
 </dl>
 </section>
-<p><a href="${page}">Open the endpoint</a> &middot; <a href="${ctx.base}/admin/webhooks">Back to the webhooks</a></p>`
+<p><a href="${page}">Open the endpoint</a> · <a href="${ctx.base}/admin/webhooks">Back to the webhooks</a></p>`
   return layout(ctx, 'Webhook secret', 'webhooks', body)
 }
 
@@ -631,7 +631,7 @@ export function webhookPage (ctx: ViewContext, view: WebhookView): string {
 <td data-label="Status">${outcome(d.status)}</td>
 <td data-label="Attempts">${d.attempts}</td>
 <td data-label="Last attempt">${date(d.last_attempt_at)}${d.last_status_code !== null ? html`<br>answered ${d.last_status_code}` : ''}${d.last_error !== null ? html`<br><span class="muted">${d.last_error}</span>` : ''}</td>
-<td data-label="Next attempt">${d.next_attempt_at === null ? html`<span class="muted">&mdash;</span>` : date(d.next_attempt_at)}</td>
+<td data-label="Next attempt">${d.next_attempt_at === null ? html`<span class="muted">—</span>` : date(d.next_attempt_at)}</td>
 <td data-label="Actions">${d.status !== 'delivered'
   ? html`<form method="post" action="${url}/deliveries/${d.event_id}/retry"><button type="submit" class="secondary" aria-label="Retry ${d.event_type ?? ''} ${d.event_id}">Retry</button></form>`
   : ''}</td>
@@ -643,7 +643,7 @@ export function webhookPage (ctx: ViewContext, view: WebhookView): string {
 <td data-label="Status code">${a.status_code ?? html`<span class="muted">none</span>`}</td>
 <td data-label="Latency">${a.latency_ms} ms</td>
 <td data-label="Error" class="data">${a.error ?? ''}</td>
-<td data-label="Next attempt">${a.next_attempt_at === null ? html`<span class="muted">&mdash;</span>` : date(a.next_attempt_at)}</td>
+<td data-label="Next attempt">${a.next_attempt_at === null ? html`<span class="muted">—</span>` : date(a.next_attempt_at)}</td>
 </tr>`)
   const body = html`<h1>${webhook.url} ${webhook.enabled ? '' : html`<span class="badge off">disabled</span>`}</h1>
 ${view.ping !== undefined ? pingResult(view.ping) : ''}
@@ -665,7 +665,7 @@ ${webhook.enabled
   ? html`<form method="post" action="${url}/disable" data-confirm="Disable the endpoint ${webhook.url}? Nothing is sent to it until it is enabled again; new events still queue." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`
   : html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`}
 <form method="post" action="${url}/rotate" data-confirm="Rotate the signing secret of ${webhook.url}? The new secret is shown once." data-confirm-label="Rotate"><button type="submit" class="secondary">Rotate secret</button></form>
-<a class="button danger" href="${url}/delete">Delete&hellip;</a>
+<a class="button danger" href="${url}/delete">Delete…</a>
 </div>
 <p class="hint">The ping is a signed <code>webhook.ping</code> sent now; it is not queued, retried or listed below. Disabling keeps queuing events; enabling sends them. After a rotation the old secret also signs deliveries for a while, so the receiver can switch.</p>
 </section>

@@ -6,6 +6,12 @@
  * route's first request pays a few milliseconds and start-up pays nothing.
  * A schema that does not compile is then reported by the first request to the
  * route rather than at start-up; the test suite calls every route.
+ *
+ * Measured (issue 17, Node 20, 2-core VM, medians of 5 starts to the first 2xx
+ * of /auth/healthz, interleaved): with these wrappers 289 ms and 95 MiB idle
+ * RSS on SQLite, 325 ms and 94 MiB on PostgreSQL; compiling everything at
+ * start 623 ms and 125 to 135 MiB, 667 ms and 122 to 133 MiB. Both goals
+ * (start-up < 500 ms, idle RSS < 100 MiB) need them.
  */
 
 type AnyFn = (...args: never[]) => unknown

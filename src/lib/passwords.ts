@@ -6,7 +6,6 @@ const ARGON2ID = 2 as NonNullable<Options['algorithm']>
 import pLimit, { type LimitFunction } from 'p-limit'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
-import { importPackage } from './import-package.ts'
 
 /**
  * argon2id hashing on libuv's thread pool, never on the event loop, with a
@@ -57,7 +56,7 @@ export class PasswordHasher {
           // bcrypt reads only the first 72 bytes; a longer password would match on its prefix alone.
           if (!checkImportedHash(passwordHash).ok || Buffer.byteLength(password, 'utf8') > BCRYPT_MAX_BYTES) return false
           // Only imported hashes are bcrypt; the native module loads with the first of them.
-          const { verify: bcryptVerify } = await importPackage<typeof import('@node-rs/bcrypt')>('@node-rs/bcrypt')
+          const { verify: bcryptVerify } = await import('@node-rs/bcrypt')
           return await bcryptVerify(password, passwordHash)
         }
         if (passwordHash.startsWith('$scrypt$')) {

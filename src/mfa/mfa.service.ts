@@ -17,7 +17,6 @@ import {
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './webauthn.ts'
 import { open, seal, SecretBoxError } from './secret-box.ts'
-import { importPackage } from '../lib/import-package.ts'
 
 /** Distinguishes a sign-in challenge token from session tokens and API keys. */
 export const MFA_TOKEN_PREFIX = 'gatehouse_mfa_'
@@ -126,7 +125,7 @@ async function openTotpSecret (deps: MfaDeps, userId: string, sealed: string): P
 async function totpStep (secret: string, code: string, after: number | null): Promise<number | undefined> {
   const token = code.replace(/\s/g, '')
   if (!/^\d{6}$/.test(token)) return undefined
-  const { verify: verifyTotp } = await importPackage<typeof import('otplib')>('otplib')
+  const { verify: verifyTotp } = await import('otplib')
   const result = await verifyTotp({ secret, token, epochTolerance: 30, ...(after !== null ? { afterTimeStep: after } : {}) })
   // The functional API's result type also covers HOTP, which has no time step.
   return result.valid && 'timeStep' in result ? result.timeStep : undefined
@@ -329,7 +328,7 @@ export async function startTotp (deps: MfaDeps, user: { id: string, username: st
     throw new AppError('totp_not_configured', 409, 'Authenticator apps (TOTP) need MFA_ENCRYPTION_KEY, which this deployment has not set; use a passkey, or ask the operator.')
   }
   // Loaded by the first enrolment: most processes never make a TOTP secret or a QR code.
-  const { generateSecret } = await importPackage<typeof import('otplib')>('otplib')
+  const { generateSecret } = await import('otplib')
   const secret = generateSecret()
   if (!await putPendingTotp(deps.db, user.id, seal(key, secret, user.id), nowIso())) {
     throw new AppError('totp_already_enrolled', 409, 'An authenticator app is enrolled already; remove it first to set up another.')
@@ -338,7 +337,7 @@ export async function startTotp (deps: MfaDeps, user: { id: string, username: st
 }
 
 async function totpSetupOf (username: string, secret: string): Promise<TotpSetup> {
-  const [{ generateURI }, { default: QRCode }] = await Promise.all([importPackage<typeof import('otplib')>('otplib'), importPackage<{ default: typeof import('qrcode') }>('qrcode')])
+  const [{ generateURI }, { default: QRCode }] = await Promise.all([import('otplib'), import('qrcode')])
   const uri = generateURI({ issuer: ISSUER, label: username, secret })
   return { secret, otpauth_uri: uri, qr_svg: await QRCode.toString(uri, { type: 'svg', errorCorrectionLevel: 'M', margin: 2 }) }
 }

@@ -6,7 +6,6 @@ import { AppError } from '../errors.ts'
 import { newId } from '../lib/ids.ts'
 import { findPasskeyByCredentialId, insertPasskey, listPasskeys, recordPasskeyUse } from './mfa.repository.ts'
 import type { Passkey } from './mfa.schemas.ts'
-import { importPackage } from '../lib/import-package.ts'
 
 /** Where a WebAuthn ceremony is valid: the relying party id (a domain) and the page origins it may run on. */
 export interface RelyingParty {
@@ -19,7 +18,7 @@ export interface RelyingParty {
 type WebAuthn = typeof import('@simplewebauthn/server') & typeof import('@simplewebauthn/server/helpers')
 let webauthnModules: Promise<WebAuthn> | undefined
 async function webauthn (): Promise<WebAuthn> {
-  webauthnModules ??= Promise.all([importPackage<typeof import('@simplewebauthn/server')>('@simplewebauthn/server'), importPackage<typeof import('@simplewebauthn/server/helpers')>('@simplewebauthn/server/helpers')])
+  webauthnModules ??= Promise.all([import('@simplewebauthn/server'), import('@simplewebauthn/server/helpers')])
     .then(([server, helpers]) => ({ ...server, ...helpers }))
   return await webauthnModules
 }

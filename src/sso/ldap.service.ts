@@ -3,7 +3,6 @@ import type { ConnectionOptions } from 'node:tls'
 import type { Client, Entry } from 'ldapts'
 import { AppError } from '../errors.ts'
 import { normaliseDn, type LdapConfig } from './ldap.config.ts'
-import { importPackage } from '../lib/import-package.ts'
 
 /** What the directory says of a user it found by the typed identifier. */
 export interface DirectoryUser {
@@ -40,7 +39,7 @@ export function directoryUnavailable (cause: unknown): AppError {
 // Loaded by the first directory sign-in, not at start-up: most deployments have no directory.
 let ldaptsModule: Promise<typeof import('ldapts')> | undefined
 async function ldapts (): Promise<typeof import('ldapts')> {
-  return await (ldaptsModule ??= importPackage<typeof import('ldapts')>('ldapts'))
+  return await (ldaptsModule ??= import('ldapts'))
 }
 
 export async function fillFilter (template: string, values: Record<string, string>): Promise<string> {

@@ -3,7 +3,6 @@ import type { Config } from '../config.ts'
 import { toBool, toIso, toStringArray } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import { digestOf } from '../lib/secrets.ts'
-import { importPackage } from '../lib/import-package.ts'
 import { guardedFetch } from '../lib/guarded-fetch.ts'
 import { RefusedAddressError } from '../lib/ssrf-guard.ts'
 import { open, SecretBoxError } from '../mfa/secret-box.ts'
@@ -62,7 +61,7 @@ const discovered = new Map<string, { fingerprint: string, at: number, configurat
 // Loaded by the first OIDC sign-in, not at start-up: a deployment without providers never needs it.
 let openidClientModule: Promise<typeof oidc> | undefined
 export async function openidClient (): Promise<typeof oidc> {
-  return await (openidClientModule ??= importPackage<typeof import('openid-client')>('openid-client'))
+  return await (openidClientModule ??= import('openid-client'))
 }
 
 /**
