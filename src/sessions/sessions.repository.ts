@@ -1,5 +1,5 @@
 import { sql } from 'kysely'
-import { toIso, type Db } from '../db/database.ts'
+import { toIso, type Db, type SignInMethod } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -17,6 +17,8 @@ export interface NewSessionRow {
   user_agent: string | null
   /** A second factor was shown (X-Auth-MFA). */
   mfa?: boolean
+  sign_in_method: SignInMethod | null
+  sign_in_provider: string | null
 }
 
 export async function insertSession (db: Db, row: NewSessionRow): Promise<void> {

@@ -13,7 +13,7 @@ import {
   deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, findSessionByDigest, insertSession, markSessionReauthenticated, recordSignInAddress, touchSession
 } from './sessions.repository.ts'
 import { reserveAttempt, throttleBudgets } from './throttle.ts'
-import type { SessionsDeps, SignIn, SignInContext } from './sessions.types.ts'
+import type { SessionsDeps, SignIn, SignInContext, SignInOpening } from './sessions.types.ts'
 
 /** Distinguishes a session token from an API key at a glance (and for the credential check). */
 export const SESSION_TOKEN_PREFIX = 'gatehouse_session_'
@@ -33,6 +33,8 @@ function invalidCredentials (): AppError {
 export async function openSession (
   deps: SessionsDeps, ctx: SignInContext, userId: string,
   options: {
+    /** How the person got this far, for their list of sessions; null: not known (a second step begun before migration 0011). */
+    opened: SignInOpening | null
     locked: boolean
     rehash?: string | undefined
     now: Date
@@ -67,7 +69,9 @@ export async function openSession (
       ended_at: null,
       client_ip: ctx.clientIp,
       user_agent: ctx.userAgent?.slice(0, 512) ?? null,
-      mfa: options.mfa !== undefined
+      mfa: options.mfa !== undefined,
+      sign_in_method: options.opened?.method ?? null,
+      sign_in_provider: options.opened?.provider ?? null
     })
     if (ctx.clientIp !== null && deps.config.loginKnownClientDays > 0) await recordSignInAddress(trx, userId, ctx.clientIp, at)
     await recordEvent(trx, { ...ctx, actorType: 'user', actorId: userId }, 'user.login_succeeded', { type: 'user', id: userId }, {
