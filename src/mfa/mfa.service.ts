@@ -85,8 +85,7 @@ export async function openSignInChallenge (
   await deps.db.transaction().execute(async trx => {
     if (rehash !== undefined) await trx.updateTable('users').set({ password_hash: rehash }).where('id', '=', user.id).execute()
     await insertChallenge(trx, {
-      id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt,
-      sign_in_method: opened.method, sign_in_provider: opened.provider ?? null
+      id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt, sign_in_method: opened.method, sign_in_provider: opened.provider ?? null
     })
     await recordEvent(trx, ctx, 'user.mfa_challenged', { type: 'user', id: user.id }, {
       challenge_id: id, methods: need.methods, ...(need.enrol ? { enrolment_required: true } : {}), ...(rehash !== undefined ? { password_rehashed: true } : {})
