@@ -60,3 +60,16 @@ export const SessionsOfUserParams = Type.Object({ user_id: Uuid() }, { additiona
 export const SessionsEnded = Type.Object({
   ended: Type.Integer({ format: 'int32', minimum: 0, maximum: 2_147_483_647, description: 'How many sessions ended.' })
 }, { $id: 'SessionsEnded', additionalProperties: false })
+
+/** How a session was opened, in words for the account page and the console: "Password and a second factor", "Single sign-on (corp)". */
+export function signInText (session: Pick<SessionSummary, 'method' | 'provider' | 'mfa'>): string {
+  const first = session.method === 'password'
+    ? 'Password'
+    : session.method === 'ldap'
+      ? 'Directory password (LDAP)'
+      : session.method === 'oidc'
+        ? `Single sign-on${session.provider !== null ? ` (${session.provider})` : ''}`
+        : session.method === 'passkey' ? 'Passkey' : 'Sign-in method not recorded'
+  // A passkey is both factors at once; saying so again would read as a third step.
+  return session.mfa && session.method !== 'passkey' ? `${first} and a second factor` : first
+}

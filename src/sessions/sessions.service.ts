@@ -1,3 +1,4 @@
+import { validate as isUuid } from 'uuid'
 import type { Config } from '../config.ts'
 import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
@@ -142,7 +143,7 @@ function ownSession (principal: Principal): { sessionId: string, userId: string 
 }
 
 function sessionNotFound (id: string): AppError {
-  return new AppError('session_not_found', 404, `No live session has the id ${id}.`)
+  return new AppError('session_not_found', 404, `No live session has the id ${id.slice(0, 64)}.`)
 }
 
 async function liveSessions (deps: Pick<SessionsDeps, 'db' | 'config'>, userId: string, currentId: string | undefined): Promise<SessionSummary[]> {
@@ -177,6 +178,8 @@ export async function listOwnSessions (deps: Pick<SessionsDeps, 'db' | 'config'>
  */
 export async function endOwnSession (db: Db, ctx: RequestContext, principal: Principal, id: string): Promise<{ current: boolean }> {
   const { sessionId, userId } = ownSession(principal)
+  // The pages pass the id from their address unchecked; PostgreSQL would refuse a non-UUID outright.
+  if (!isUuid(id)) throw sessionNotFound(id)
   await db.transaction().execute(async trx => {
     if (!await endSessionOfUser(trx, userId, id, nowIso())) throw sessionNotFound(id)
     await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason: 'ended_by_user', user_id: userId })
@@ -208,6 +211,7 @@ export async function listUserSessions (deps: Pick<SessionsDeps, 'db' | 'config'
 /** For admins: ends one session of a user (`session.ended`, reason `ended_by_admin`); API keys stay. */
 export async function endUserSession (db: Db, ctx: RequestContext, principal: Principal, userId: string, id: string): Promise<{ current: boolean }> {
   assertAdmin(principal)
+  if (!isUuid(id)) throw sessionNotFound(id)
   await db.transaction().execute(async trx => {
     if (!await endSessionOfUser(trx, userId, id, nowIso())) {
       await assertUser(trx, userId)
