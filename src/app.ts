@@ -45,7 +45,7 @@ import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
-import { LoginBody, PasswordChange, Session } from './sessions/sessions.schemas.ts'
+import { LoginBody, PasswordChange, Session, SessionsEnded, SessionSummary } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
 import loginPage from './sessions/login-page.ts'
 import { MFA_SCHEMAS } from './mfa/mfa.schemas.ts'
@@ -100,7 +100,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at

@@ -57,6 +57,7 @@ export type ErrorCode =
   | 'sso_provider_exists'
   | 'sso_provider_read_only'
   | 'identity_not_found'
+  | 'session_not_found'
   | 'password_sign_in_disabled'
   | 'directory_unavailable'
   | 'database_unavailable'

@@ -137,6 +137,15 @@ if (!slapdAvailable) {
         assert.equal(me.json().id, user.id)
       })
 
+      it('lists a directory sign-in\'s session as opened by ldap', async () => {
+        const { uid } = await directoryUser()
+        const res = await login(t, uid, DIRECTORY_PASSWORD)
+        assert.equal(res.statusCode, 200, res.body)
+        const listed = await t.app.inject({ url: '/auth/api/me/sessions', headers: { authorization: `Bearer ${res.json().token}` } })
+        assert.equal(listed.statusCode, 200, listed.body)
+        assert.deepEqual(listed.json().map((s: { method: string, provider: string | null, current: boolean }) => [s.method, s.provider, s.current]), [['ldap', null, true]])
+      })
+
       it('answers a wrong directory password like an unknown user, and counts it toward the budgets and the lock', async () => {
         const { uid } = await directoryUser()
         const [home, stranger1, stranger2, stranger3] = addresses(4)

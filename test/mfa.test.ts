@@ -339,6 +339,8 @@ for (const dialect of dialects()) {
       assert.equal(res.statusCode, 200, res.body)
       assert.equal(res.json().user.id, user.id)
       assert.equal((await verifyHeaders(t, res.json().token)).headers['x-auth-mfa'], 'true')
+      const listed = (await call(t, 'GET', '/auth/api/me/sessions', res.json().token)).json() as Array<{ id: string, method: string, mfa: boolean }>
+      assert.deepEqual(listed.filter(s => s.id === res.json().session_id).map(s => [s.method, s.mfa]), [['passkey', true]], 'listed as a passkey sign-in')
       const replay = await t.app.inject({ method: 'POST', url: '/auth/api/login/passkey', payload: { credential: assertion } })
       assert.equal(replay.statusCode, 401)
       assert.equal(replay.json().code, 'invalid_credentials')

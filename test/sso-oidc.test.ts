@@ -323,6 +323,33 @@ for (const dialect of dialects()) {
       assert.ok(session.mfa === true || session.mfa === 1)
     })
 
+    it('lists an OIDC session as opened by oidc with its provider, and keeps that through a second factor', async () => {
+      const sub = account(op, { preferred_username: uniqueName('listed') })
+      const first = await ssoSignIn(t, op, 'open', sub)
+      const token = sessionCookie(first.res)!
+      const bearer = { authorization: `Bearer ${token}` }
+      const listed = async (): Promise<Array<{ id: string, method: string | null, provider: string | null, mfa: boolean, current: boolean }>> => {
+        const res = await t.app.inject({ url: '/auth/api/me/sessions', headers: bearer })
+        assert.equal(res.statusCode, 200, res.body)
+        return res.json()
+      }
+      assert.deepEqual((await listed()).map(s => [s.method, s.provider, s.mfa, s.current]), [['oidc', 'open', false, true]])
+
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: bearer })
+      assert.equal(setup.statusCode, 200, setup.body)
+      const secret = setup.json().secret as string
+      const confirm = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers: bearer, payload: { code: await generate({ secret }) } })
+      assert.equal(confirm.statusCode, 200, confirm.body)
+      const { res } = await ssoSignIn(t, op, 'open', sub)
+      const challenge = /name="challenge_token" value="([^"]+)"/.exec(res.body)![1]!
+      const done = await t.app.inject({
+        method: 'POST', url: '/auth/api/login/mfa', payload: { challenge_token: challenge, totp_code: await generate({ secret, epoch: Math.floor(Date.now() / 1000) + 30 }) }
+      })
+      assert.equal(done.statusCode, 200, done.body)
+      const second = (await listed()).find(s => s.id === done.json().session_id)
+      assert.deepEqual([second?.method, second?.provider, second?.mfa, second?.current], ['oidc', 'open', true, false])
+    })
+
     it('never redirects after sign-in to another site, whatever next says', async () => {
       const sub = account(op, { preferred_username: uniqueName('nx') })
       for (const next of ['//evil.example/x', 'https://evil.example/', '/\\evil.example']) {

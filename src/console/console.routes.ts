@@ -12,7 +12,8 @@ import { sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { type SessionsDeps } from '../sessions/sessions.types.ts'
-import { authenticateSession } from '../sessions/sessions.service.ts'
+import { UserSessionParams } from '../sessions/sessions.schemas.ts'
+import { authenticateSession, endUserSession, listUserSessions } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { findUserById } from '../users/users.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
@@ -111,6 +112,7 @@ const NOTICES: Record<string, string> = {
   unlocked: 'Sign-in lock reset: the failure count is 0 and the account is not locked.',
   'not-locked': 'There was nothing to reset: the account had no lock and no failed sign-ins counted.',
   'sessions-ended': 'Every session of this user has ended.',
+  'session-ended': 'The session has ended: its token and cookie stopped working.',
   revoked: 'Key revoked.',
   'webhook-enabled': 'Endpoint enabled: its queued deliveries are sent again.',
   'webhook-disabled': 'Endpoint disabled: nothing is sent to it; new events still queue for it.',
@@ -199,15 +201,16 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
 
   const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
     const { user, version } = await getUser(deps, id)
-    const [signIn, events, lastAdmin, mfa] = await Promise.all([
+    const [signIn, events, lastAdmin, mfa, liveSessions] = await Promise.all([
       getSignInState(deps, id),
       listEventsPage(app.db, { target_id: id, limit: USER_EVENTS }),
       isLastAdmin(user),
-      mfaStatus(sessions, id)
+      mfaStatus(sessions, id),
+      listUserSessions(app, request.principal!, id)
     ])
     const eventNames = await partyNamesOf(app.db, events.events)
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, ...extra
     }))
   }
 
@@ -306,6 +309,15 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     // Ending one's own sessions ends this one too.
     if (id === request.principal!.userId) return await seeOther(reply, `${base}/login?next=${encodeURIComponent(admin)}`)
     return await seeOther(reply, `${admin}/users/${id}?done=sessions-ended`)
+  })
+
+  // The same as DELETE /api/users/{user_id}/sessions/{session_id}.
+  app.post('/admin/users/:user_id/sessions/:session_id/end', { schema: { ...hidden, params: UserSessionParams }, ...formPost }, async (request, reply) => {
+    const { user_id: id, session_id: sessionId } = request.params as { user_id: string, session_id: string }
+    const { current } = await endUserSession(app.db, requestContext(request), request.principal!, id, sessionId)
+    // The admin's own session, ended from their own page: they are signed out.
+    if (current) return await seeOther(reply, `${base}/login?next=${encodeURIComponent(admin)}`)
+    return await seeOther(reply, `${admin}/users/${id}?done=session-ended`)
   })
 
   // The same reset as DELETE /api/users/{user_id}/mfa, after a page that says what goes.

@@ -4,6 +4,7 @@ import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import type { PartyNames } from '../events/events.service.ts'
 import type { MfaStatus } from '../mfa/mfa.schemas.ts'
+import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
 import type { SignInState } from '../users/users.service.ts'
 import type { Webhook, WebhookAttempt, WebhookDelivery, WebhookTestResult, WebhookWithSecret } from '../webhooks/webhooks.schemas.ts'
@@ -189,6 +190,8 @@ export interface UserView {
   mfa: MfaStatus
   /** The only enabled admin: the last-admin rule applies to them. */
   lastAdmin: boolean
+  /** The user's live sessions, as GET /api/users/{user_id}/sessions lists them. */
+  sessions: SessionSummary[]
   values?: UserFormValues
   /** The version and values an edit form being shown again was read at (else the stored user's). */
   formVersion?: number
@@ -313,6 +316,7 @@ ${user.disabled
 <p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
 </section>
 ${mfaSection(url, user, view.mfa)}
+${sessionsSection(url, user, view.sessions)}
 ${view.created === true
 ? ''
 : html`<section class="panel" aria-labelledby="db-user-title"><h2 id="db-user-title">Database user (optional)</h2>
@@ -338,6 +342,26 @@ function mfaFacts (mfa: MfaStatus): SafeHtml {
 <dt>Recovery codes left</dt><dd>${mfa.recovery_codes_remaining} of 10</dd>
 <dt>Required</dt><dd>${mfa.required ? 'yes: MFA_REQUIRED applies to this user, who must enrol a factor at sign-in if they have none' : 'no (MFA_REQUIRED does not apply to this user)'}</dd>
 </dl>`
+}
+
+/** Where the user is signed in, each session with its own End button (End sessions, under Actions, ends them all). */
+function sessionsSection (url: string, user: User, sessions: SessionSummary[]): SafeHtml {
+  return html`<section class="panel" aria-labelledby="sessions-title"><h2 id="sessions-title">Sessions</h2>
+${sessions.length === 0
+  ? html`<p id="no-sessions">${user.username} is not signed in anywhere.</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Sessions" tabindex="0"><table class="cards" id="sessions">
+<caption class="visually-hidden">Live sessions of ${user.username}, most recently used first</caption>
+<thead><tr><th scope="col">Device</th><th scope="col">Signed in with</th><th scope="col">Address</th><th scope="col">Signed in</th><th scope="col">Last active</th><th scope="col">Actions</th></tr></thead>
+<tbody>${sessions.map(s => html`<tr data-session="${s.id}">
+<td data-label="Device">${s.device ?? html`<span class="muted">unknown</span>`}${s.current ? html` <strong>(your session)</strong>` : ''}${s.user_agent !== null ? html`<div class="muted wrap">${s.user_agent}</div>` : ''}</td>
+<td data-label="Signed in with">${signInText(s)}</td>
+<td data-label="Address">${s.client_ip ?? html`<span class="muted">unknown</span>`}</td>
+<td data-label="Signed in">${date(s.created_at)}</td>
+<td data-label="Last active">${date(s.last_seen_at)}</td>
+<td data-label="Actions"><form method="post" action="${url}/sessions/${s.id}/end" data-confirm="End this session of ${user.username}${s.device !== null ? ` on ${s.device}` : ''}?${s.current ? ' It is yours: you will be signed out.' : ''}" data-confirm-label="End session"><button type="submit" class="secondary">End</button></form></td>
+</tr>`)}</tbody></table></div>`}
+<p class="hint">Ending a session stops its token and cookie at once; API keys stay.</p>
+</section>`
 }
 
 function mfaSection (url: string, user: User, mfa: MfaStatus): SafeHtml {

@@ -66,7 +66,14 @@ export interface SessionsTable {
   mfa: ColumnType<boolean | number, boolean | undefined, boolean>
   /** The last re-authentication (docs/mfa.md#recent-authentication); null: none since the sign-in. */
   reauthenticated_at: ColumnType<Date | string | null, string | null | undefined, string | null>
+  /** How the session was opened (migration 0011); null for sessions from before it. */
+  sign_in_method: ColumnType<SignInMethod | null, SignInMethod | null | undefined, SignInMethod | null>
+  /** The OIDC provider's id when `sign_in_method` is `oidc`. */
+  sign_in_provider: ColumnType<string | null, string | null | undefined, string | null>
 }
+
+/** How a session was opened: the first step of its sign-in (a second factor is `mfa`, beside it). */
+export type SignInMethod = 'password' | 'ldap' | 'oidc' | 'passkey'
 
 export interface ApiKeysTable {
   id: string
@@ -147,6 +154,9 @@ export interface MfaChallengesTable {
   created_at: Timestamp
   expires_at: Timestamp
   used_at: NullableTimestamp
+  /** A sign-in challenge: how its first step went, for the session it opens (migration 0011). */
+  sign_in_method: ColumnType<SignInMethod | null, SignInMethod | null | undefined, SignInMethod | null>
+  sign_in_provider: ColumnType<string | null, string | null | undefined, string | null>
 }
 
 export interface WebhookEndpointsTable {

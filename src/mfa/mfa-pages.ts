@@ -10,7 +10,8 @@ import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { type SessionsDeps, type SignIn } from '../sessions/sessions.types.ts'
-import { authenticateSession } from '../sessions/sessions.service.ts'
+import { authenticateSession, endOtherOwnSessions, endOwnSession, listOwnSessions } from '../sessions/sessions.service.ts'
+import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
 import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof, type ReauthProof } from './mfa.service.ts'
@@ -28,7 +29,9 @@ button.secondary{background:#fff;color:#1f5fcf;border:2px solid #1f5fcf}a{color:
 ol.codes{columns:2;font-family:monospace;font-size:1.05rem}
 .notice{background:#e8f3e8;color:#1c4d1c;border:1px solid #9cc99c;padding:.6rem;border-radius:4px}
 section.reauth{border:2px solid #1f5fcf;border-radius:6px;padding:0 1rem 1rem;margin:1rem 0}
-.actions{display:flex;gap:.5rem}.actions button{flex:1}`
+.actions{display:flex;gap:.5rem}.actions button{flex:1}
+ul.sessions{list-style:none;padding:0;margin:0}ul.sessions li{border-top:1px solid #d5d8dd;padding:.6rem 0}.meta{color:#4a4f57;font-size:.9rem}
+ul.sessions button{margin-top:.4rem;width:auto;padding:.3rem 1rem}`
 const STYLE_HASH = createHash('sha256').update(STYLE).digest('base64')
 /** Scripts only from here (the passkey helper and its library), fetches only to here, forms only to here. */
 const CSP = `default-src 'none'; style-src 'sha256-${STYLE_HASH}'; script-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'`
@@ -58,6 +61,11 @@ ${alert}${body}
 </body>
 </html>
 `
+}
+
+/** A stored time as the pages show it: "2026-11-24 16:05 UTC". */
+function pageTime (iso: string): string {
+  return `<time datetime="${escapeHtml(iso)}">${escapeHtml(iso.slice(0, 16).replace('T', ' '))} UTC</time>`
 }
 
 function send (reply: FastifyReply, status: number, html: string): FastifyReply {
@@ -274,7 +282,22 @@ ${passkeys}
 </form>
 <h2>Recovery codes</h2>
 ${codes}
+<h2 id="sessions-title">Where you're signed in</h2>
+${sessionsList(await listOwnSessions(deps, principal))}
 <form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, options.error)
+  }
+
+  /** The user's live sessions, this browser's first, each other one with an End button. */
+  const sessionsList = (sessions: SessionSummary[]): string => {
+    const ordered = [...sessions.filter(s => s.current), ...sessions.filter(s => !s.current)]
+    const items = ordered.map(s => `<li data-session="${s.id}"><strong>${escapeHtml(s.device ?? 'Unknown device')}</strong>${s.current ? ' <span id="this-browser">(this browser)</span>' : ''}
+<div class="meta">${escapeHtml(signInText(s))}${s.client_ip !== null ? ` · from ${escapeHtml(s.client_ip)}` : ''}</div>
+<div class="meta">Signed in ${pageTime(s.created_at)} · last active ${pageTime(s.last_seen_at)}</div>
+${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/end"><button type="submit" class="secondary" aria-label="End the session on ${escapeHtml(s.device ?? 'an unknown device')}">End</button></form>`}</li>`)
+    const others = sessions.some(s => !s.current)
+      ? `<form method="post" action="${accountPath}/sessions/end-others"><button type="submit" class="secondary" id="end-others">End all other sessions</button></form>`
+      : '<p class="meta">No other sessions.</p>'
+    return `<ul class="sessions" id="sessions" aria-labelledby="sessions-title">${items.join('\n')}</ul>\n${others}`
   }
 
   /** The account pages' guard: a signed-in browser, and for posts, one of our own pages. */
@@ -315,8 +338,29 @@ ${codes}
     const query = request.query as Record<string, unknown>
     // The passkey button's script comes here when the API asked for a re-authentication.
     if (query.reauthenticate !== undefined) return send(reply, 200, await accountPage(principal, { reauth: true }))
-    const notice = query.reauthenticated !== undefined ? `Confirmed. For the next ${reauthMinutes} minutes you can change your second factors.` : undefined
+    const ended = typeof query.sessions_ended === 'string' && /^\d{1,6}$/.test(query.sessions_ended) ? Number(query.sessions_ended) : undefined
+    const notice = query.reauthenticated !== undefined
+      ? `Confirmed. For the next ${reauthMinutes} minutes you can change your second factors.`
+      : ended !== undefined ? (ended === 1 ? 'One session ended.' : `${ended} sessions ended.`) : undefined
     return send(reply, 200, await accountPage(principal, notice !== undefined ? { notice } : {}))
+  })
+
+  // Ending a session protects the account, so it asks for no re-authentication (as signing out does not).
+  app.post('/account/sessions/end-others', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    const ended = await endOtherOwnSessions(app.db, requestContext(request), principal)
+    return await reply.code(303).header('Location', `${accountPath}?sessions_ended=${ended}`).send()
+  })
+
+  app.post('/account/sessions/:session_id/end', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    return await orAccountPage(reply, principal, async () => {
+      const { current } = await endOwnSession(app.db, requestContext(request), principal, (request.params as { session_id: string }).session_id)
+      if (current) return await reply.code(303).header('Location', `${basePath}/login`).send()
+      return await reply.code(303).header('Location', `${accountPath}?sessions_ended=1`).send()
+    })
   })
 
   app.post('/account/reauthenticate', form, async (request, reply) => {

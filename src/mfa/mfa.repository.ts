@@ -1,5 +1,5 @@
 import { sql } from 'kysely'
-import type { Db } from '../db/database.ts'
+import type { Db, SignInMethod } from '../db/database.ts'
 
 // ---------------------------------------------------------------------------
 // TOTP
@@ -144,7 +144,9 @@ export async function insertChallenge (db: Db, row: {
   webauthn_challenge: string | null,
   enrol: boolean,
   created_at: string,
-  expires_at: string
+  expires_at: string,
+  sign_in_method?: SignInMethod | null,
+  sign_in_provider?: string | null
 }): Promise<void> {
   await db.insertInto('mfa_challenges').values({ ...row, used_at: null }).execute()
 }

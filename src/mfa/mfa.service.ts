@@ -6,7 +6,7 @@ import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
-import type { SessionsDeps, SignInContext } from '../sessions/sessions.types.ts'
+import type { SessionsDeps, SignInContext, SignInOpening } from '../sessions/sessions.types.ts'
 import { reserveAttempt, throttleBudgets } from '../sessions/throttle.ts'
 import { findSessionProof, markSessionReauthenticated } from '../sessions/sessions.repository.ts'
 import {
@@ -75,7 +75,8 @@ export async function secondFactorNeeded (deps: MfaDeps, user: UserRow): Promise
  * replaced here, while the password is at hand.
  */
 export async function openSignInChallenge (
-  deps: MfaDeps, ctx: SignInContext, user: UserRow, need: { methods: MfaMethod[], enrol: boolean }, rehash: string | undefined, now: Date
+  deps: MfaDeps, ctx: SignInContext, user: UserRow, need: { methods: MfaMethod[], enrol: boolean }, rehash: string | undefined, now: Date,
+  opened: SignInOpening
 ): Promise<MfaPending> {
   const token = randomSecret(MFA_TOKEN_PREFIX)
   const id = newId()
@@ -83,7 +84,7 @@ export async function openSignInChallenge (
   await deps.db.transaction().execute(async trx => {
     if (rehash !== undefined) await trx.updateTable('users').set({ password_hash: rehash }).where('id', '=', user.id).execute()
     await insertChallenge(trx, {
-      id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt
+      id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt, sign_in_method: opened.method, sign_in_provider: opened.provider ?? null
     })
     await recordEvent(trx, ctx, 'user.mfa_challenged', { type: 'user', id: user.id }, {
       challenge_id: id, methods: need.methods, ...(need.enrol ? { enrolment_required: true } : {}), ...(rehash !== undefined ? { password_rehashed: true } : {})
@@ -172,6 +173,8 @@ export interface SecondStep {
   webauthnChallenge: string | null
   budgets: Budget[]
   now: Date
+  /** How the first step went, for the session; null for a challenge from before migration 0011 (unknown). */
+  opened: SignInOpening | null
 }
 
 /**
@@ -200,7 +203,8 @@ export async function beginSecondStep (deps: MfaDeps, ctx: SignInContext, challe
   }
   const budgets = secondFactorBudgets(deps, challenge.user_id, ip)
   await reserveAttempt(deps, budgets)
-  return { challengeId: challenge.id, userId: challenge.user_id, method, enrol: toBool(challenge.enrol), webauthnChallenge: challenge.webauthn_challenge, budgets, now }
+  const opened = challenge.sign_in_method === null ? null : { method: challenge.sign_in_method, provider: challenge.sign_in_provider ?? undefined }
+  return { challengeId: challenge.id, userId: challenge.user_id, method, enrol: toBool(challenge.enrol), webauthnChallenge: challenge.webauthn_challenge, budgets, now, opened }
 }
 
 /** Whether the user of a second step may still sign in, and whether a lock stands (left in place for them). */

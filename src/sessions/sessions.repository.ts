@@ -1,5 +1,5 @@
 import { sql } from 'kysely'
-import { toIso, type Db } from '../db/database.ts'
+import { toIso, type Db, type SignInMethod } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -17,6 +17,8 @@ export interface NewSessionRow {
   user_agent: string | null
   /** A second factor was shown (X-Auth-MFA). */
   mfa?: boolean
+  sign_in_method: SignInMethod | null
+  sign_in_provider: string | null
 }
 
 export async function insertSession (db: Db, row: NewSessionRow): Promise<void> {
@@ -59,6 +61,27 @@ export async function touchSession (db: Db, id: string, at: string): Promise<voi
 export async function endSession (db: Db, id: string, at: string): Promise<boolean> {
   const result = await db.updateTable('sessions').set({ ended_at: at })
     .where('id', '=', id).where('ended_at', 'is', null).executeTakeFirst()
+  return result.numUpdatedRows > 0n
+}
+
+/**
+ * A user's sessions that still work at `now`: not ended, not past their
+ * absolute end, and used since `idleSince`. Most recently used first.
+ */
+export async function listLiveSessionsOfUser (db: Db, userId: string, now: string, idleSince: string, limit: number) {
+  return await db.selectFrom('sessions')
+    .select(['id', 'created_at', 'last_seen_at', 'expires_at', 'client_ip', 'user_agent', 'mfa', 'sign_in_method', 'sign_in_provider'])
+    .where('user_id', '=', userId).where('ended_at', 'is', null)
+    .where('expires_at', '>', now).where('last_seen_at', '>', idleSince)
+    .orderBy('last_seen_at', 'desc').orderBy('id')
+    .limit(limit)
+    .execute()
+}
+
+/** Ends one live session if it is this user's; false when it is not theirs or had already ended. */
+export async function endSessionOfUser (db: Db, userId: string, id: string, at: string): Promise<boolean> {
+  const result = await db.updateTable('sessions').set({ ended_at: at })
+    .where('id', '=', id).where('user_id', '=', userId).where('ended_at', 'is', null).executeTakeFirst()
   return result.numUpdatedRows > 0n
 }
 
@@ -145,8 +168,10 @@ export async function deploymentSecret (db: Db, name: string, make: () => string
  * Ends a user's sessions (all, or all but the current one) with an event
  * each; used when the user is disabled or deleted and when the password changes.
  */
-export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId: string, reason: string, exceptId?: string): Promise<void> {
-  for (const id of await endSessionsOfUser(trx, userId, nowIso(), exceptId)) {
+export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId: string, reason: string, exceptId?: string): Promise<number> {
+  const ended = await endSessionsOfUser(trx, userId, nowIso(), exceptId)
+  for (const id of ended) {
     await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason, user_id: userId })
   }
+  return ended.length
 }

@@ -4,11 +4,13 @@ import { coerceFormFields } from '../lib/forms.ts'
 import { problems, ref, SECURITY } from '../lib/openapi.ts'
 import { AppError } from '../errors.ts'
 import { User } from '../users/users.schemas.ts'
-import { getUser } from '../users/users.service.ts'
-import { LoginBody, PasswordChange, Session } from './sessions.schemas.ts'
+import { endUserSessions, getUser } from '../users/users.service.ts'
+import { LoginBody, PasswordChange, Session, SessionList, SessionParams, SessionsEnded, SessionsOfUserParams, UserSessionParams } from './sessions.schemas.ts'
 import { type SessionsDeps } from './sessions.types.ts'
 import { signIn } from '../sign-in/password.flow.ts'
-import { changeOwnPassword, signOut } from './sessions.service.ts'
+import {
+  changeOwnPassword, endOtherOwnSessions, endOwnSession, endUserSession, listOwnSessions, listUserSessions, signOut
+} from './sessions.service.ts'
 import { MfaChallenge } from '../mfa/mfa.schemas.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
 
@@ -98,6 +100,98 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
     await changeOwnPassword(deps, request.principal!, requestContext(request), request.body.current_password, request.body.new_password)
     return await reply.code(204).send(null)
   })
+
+  const own = { scope: 'signed_in' as const }
+  const admin = { scope: 'admin' as const }
+  const SESSIONS_DOC = ' See docs/sessions.md#your-sessions.'
+
+  app.get('/api/me/sessions', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'list_my_sessions',
+      summary: 'List My Sessions',
+      description: 'Where you are signed in: your sessions that still work, most recently used first, with the device, address, ' +
+        'how each was opened and whether a second factor was shown; the one making the request has `current: true`. Needs a session, not an API key.' + SESSIONS_DOC,
+      security: SECURITY,
+      response: { 200: { ...SessionList, description: 'Your live sessions.' }, ...problems(401, 403, 503) }
+    },
+    config: own
+  }, async (request) => await listOwnSessions(app, request.principal!))
+
+  app.delete('/api/me/sessions/:session_id', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'end_my_session',
+      summary: 'End One of My Sessions',
+      description: 'Its token and cookie stop working at once, on every instance. Ending the current session signs out (and clears the cookie). ' +
+        'A session id that is not one of yours is 404 `session_not_found`. Needs a session, not an API key.' + SESSIONS_DOC,
+      security: SECURITY,
+      params: SessionParams,
+      response: { 204: { type: 'null', description: 'Ended.' }, ...problems(401, 403, 404, 422, 503) }
+    },
+    config: own
+  }, async (request, reply) => {
+    const { current } = await endOwnSession(app.db, requestContext(request), request.principal!, request.params.session_id)
+    if (current) clearSessionCookie(reply)
+    return await reply.code(204).send(null)
+  })
+
+  app.post('/api/me/sessions/end-others', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'end_my_other_sessions',
+      summary: 'End My Other Sessions',
+      description: 'Signs you out everywhere else: every session of yours but the one making the request ends at once. API keys stay. ' +
+        'Needs a session, not an API key.' + SESSIONS_DOC,
+      security: SECURITY,
+      response: { 200: { ...ref(SessionsEnded), description: 'The other sessions ended.' }, ...problems(401, 403, 503) }
+    },
+    config: own
+  }, async (request) => ({ ended: await endOtherOwnSessions(app.db, requestContext(request), request.principal!) }))
+
+  app.get('/api/users/:user_id/sessions', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'list_user_sessions',
+      summary: 'List a User\'s Sessions',
+      description: 'For administrators: the user\'s sessions that still work, as List My Sessions shows them.' + SESSIONS_DOC,
+      security: SECURITY,
+      params: SessionsOfUserParams,
+      response: { 200: { ...SessionList, description: 'The user\'s live sessions.' }, ...problems(401, 403, 404, 422, 503) }
+    },
+    config: admin
+  }, async (request) => await listUserSessions(app, request.principal!, request.params.user_id))
+
+  app.delete('/api/users/:user_id/sessions/:session_id', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'end_user_session',
+      summary: 'End a User\'s Session',
+      description: 'For administrators: ends one session of the user at once (`session.ended`, reason `ended_by_admin`). Their API keys stay.' + SESSIONS_DOC,
+      security: SECURITY,
+      params: UserSessionParams,
+      response: { 204: { type: 'null', description: 'Ended.' }, ...problems(401, 403, 404, 422, 503) }
+    },
+    config: admin
+  }, async (request, reply) => {
+    const { current } = await endUserSession(app.db, requestContext(request), request.principal!, request.params.user_id, request.params.session_id)
+    if (current) clearSessionCookie(reply)
+    return await reply.code(204).send(null)
+  })
+
+  app.delete('/api/users/:user_id/sessions', {
+    schema: {
+      tags: ['sessions'],
+      operationId: 'end_user_sessions',
+      summary: 'End All of a User\'s Sessions',
+      description: 'For administrators: signs the user out everywhere (one `session.ended` each, reason `ended_by_admin`), as the console\'s End sessions does. ' +
+        'Their API keys stay. Includes your own session when the user is you.' + SESSIONS_DOC,
+      security: SECURITY,
+      params: SessionsOfUserParams,
+      response: { 200: { ...ref(SessionsEnded), description: 'The user\'s sessions ended.' }, ...problems(401, 403, 404, 422, 503) }
+    },
+    config: admin
+  }, async (request) => ({ ended: await endUserSessions({ db: app.db }, request.principal!, requestContext(request), request.params.user_id) }))
 
   app.get('/api/verify', {
     schema: {

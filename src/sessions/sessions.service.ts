@@ -1,19 +1,23 @@
+import { validate as isUuid } from 'uuid'
 import type { Config } from '../config.ts'
-import { toBool, toStringArray, type Db } from '../db/database.ts'
+import { toBool, toIso, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import type { Principal, RequestContext } from '../auth/principal.ts'
+import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
-import { toUser } from '../users/users.repository.ts'
+import { deviceOf } from '../lib/user-agent.ts'
+import { findPublicUserById, toUser } from '../users/users.repository.ts'
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { issueDeviceToken } from './device-trust.ts'
 import {
-  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, findSessionByDigest, insertSession, markSessionReauthenticated, recordSignInAddress, touchSession
+  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, insertSession,
+  listLiveSessionsOfUser, markSessionReauthenticated, recordSignInAddress, touchSession
 } from './sessions.repository.ts'
+import { MAX_LISTED_SESSIONS, type SessionSummary } from './sessions.schemas.ts'
 import { reserveAttempt, throttleBudgets } from './throttle.ts'
-import type { SessionsDeps, SignIn, SignInContext } from './sessions.types.ts'
+import type { SessionsDeps, SignIn, SignInContext, SignInOpening } from './sessions.types.ts'
 
 /** Distinguishes a session token from an API key at a glance (and for the credential check). */
 export const SESSION_TOKEN_PREFIX = 'gatehouse_session_'
@@ -33,6 +37,8 @@ export function invalidCredentials (): AppError {
 export async function openSession (
   deps: SessionsDeps, ctx: SignInContext, userId: string,
   options: {
+    /** How the person got this far, for their list of sessions; null: not known (a second step begun before migration 0011). */
+    opened: SignInOpening | null
     locked: boolean
     rehash?: string | undefined
     now: Date
@@ -69,7 +75,9 @@ export async function openSession (
       ended_at: null,
       client_ip: ctx.clientIp,
       user_agent: ctx.userAgent?.slice(0, 512) ?? null,
-      mfa: options.mfa !== undefined
+      mfa: options.mfa !== undefined,
+      sign_in_method: options.opened?.method ?? null,
+      sign_in_provider: options.opened?.provider ?? null
     })
     if (ctx.clientIp !== null && deps.config.loginKnownClientDays > 0) await recordSignInAddress(trx, userId, ctx.clientIp, at)
     await recordEvent(trx, { ...ctx, actorType: 'user', actorId: userId }, 'user.login_succeeded', { type: 'user', id: userId }, {
@@ -127,6 +135,94 @@ export async function signOut (db: Db, ctx: RequestContext, principal: Principal
       await recordEvent(trx, ctx, 'session.ended', { type: 'session', id: principal.id }, { reason: 'logout', user_id: principal.userId })
     }
   })
+}
+
+/** Your own sessions are managed with a session: an API key (even one of yours) cannot list or end them. */
+function ownSession (principal: Principal): { sessionId: string, userId: string } {
+  if (principal.type !== 'session' || principal.userId === null) {
+    throw new AppError('forbidden', 403, 'Your sessions are managed with a signed-in session, not an API key.')
+  }
+  return { sessionId: principal.id, userId: principal.userId }
+}
+
+function sessionNotFound (id: string): AppError {
+  return new AppError('session_not_found', 404, `No live session has the id ${id.slice(0, 64)}.`)
+}
+
+async function liveSessions (deps: Pick<SessionsDeps, 'db' | 'config'>, userId: string, currentId: string | undefined): Promise<SessionSummary[]> {
+  const now = Date.now()
+  const rows = await listLiveSessionsOfUser(deps.db, userId, new Date(now).toISOString(),
+    new Date(now - deps.config.sessionIdleTimeoutMs).toISOString(), MAX_LISTED_SESSIONS)
+  return rows.map(row => ({
+    id: row.id,
+    created_at: toIso(row.created_at),
+    last_seen_at: toIso(row.last_seen_at),
+    expires_at: toIso(row.expires_at),
+    client_ip: row.client_ip,
+    user_agent: row.user_agent,
+    device: deviceOf(row.user_agent),
+    method: row.sign_in_method,
+    provider: row.sign_in_provider,
+    mfa: toBool(row.mfa),
+    current: row.id === currentId
+  }))
+}
+
+/** The signed-in user's sessions that still work, the one asking marked `current`. */
+export async function listOwnSessions (deps: Pick<SessionsDeps, 'db' | 'config'>, principal: Principal): Promise<SessionSummary[]> {
+  const { sessionId, userId } = ownSession(principal)
+  return await liveSessions(deps, userId, sessionId)
+}
+
+/**
+ * Ends one of the signed-in user's sessions (this one too, like signing
+ * out); another user's session id is not found. Returns whether it was the
+ * current one, whose cookie then goes.
+ */
+export async function endOwnSession (db: Db, ctx: RequestContext, principal: Principal, id: string): Promise<{ current: boolean }> {
+  const { sessionId, userId } = ownSession(principal)
+  // The pages pass the id from their address unchecked; PostgreSQL would refuse a non-UUID outright.
+  if (!isUuid(id)) throw sessionNotFound(id)
+  await db.transaction().execute(async trx => {
+    if (!await endSessionOfUser(trx, userId, id, nowIso())) throw sessionNotFound(id)
+    await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason: 'ended_by_user', user_id: userId })
+  })
+  return { current: id === sessionId }
+}
+
+/** Ends every session of the signed-in user but the one asking ("sign out everywhere else"). */
+export async function endOtherOwnSessions (db: Db, ctx: RequestContext, principal: Principal): Promise<number> {
+  const { sessionId, userId } = ownSession(principal)
+  return await db.transaction().execute(async trx => await endSessionsRecorded(trx, ctx, userId, 'ended_by_user', sessionId))
+}
+
+function assertAdmin (principal: Principal): void {
+  if (!isAdmin(principal)) throw new AppError('forbidden', 403, 'Another user\'s sessions are for admins.')
+}
+
+async function assertUser (db: Db, userId: string): Promise<void> {
+  if (await findPublicUserById(db, userId) === undefined) throw new AppError('user_not_found', 404, `No user has the id ${userId}.`)
+}
+
+/** For admins: a user's sessions that still work (`current` marks the admin's own, when it is the user's). */
+export async function listUserSessions (deps: Pick<SessionsDeps, 'db' | 'config'>, principal: Principal, userId: string): Promise<SessionSummary[]> {
+  assertAdmin(principal)
+  await assertUser(deps.db, userId)
+  return await liveSessions(deps, userId, principal.type === 'session' ? principal.id : undefined)
+}
+
+/** For admins: ends one session of a user (`session.ended`, reason `ended_by_admin`); API keys stay. */
+export async function endUserSession (db: Db, ctx: RequestContext, principal: Principal, userId: string, id: string): Promise<{ current: boolean }> {
+  assertAdmin(principal)
+  if (!isUuid(id)) throw sessionNotFound(id)
+  await db.transaction().execute(async trx => {
+    if (!await endSessionOfUser(trx, userId, id, nowIso())) {
+      await assertUser(trx, userId)
+      throw sessionNotFound(id)
+    }
+    await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason: 'ended_by_admin', user_id: userId })
+  })
+  return { current: principal.type === 'session' && principal.id === id }
 }
 
 /**

@@ -1,5 +1,5 @@
 import type { Config } from '../config.ts'
-import type { Db } from '../db/database.ts'
+import type { Db, SignInMethod } from '../db/database.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import type { PasswordHasher } from '../lib/passwords.ts'
 import type { User } from '../users/users.schemas.ts'
@@ -23,6 +23,13 @@ export interface SignInContext extends RequestContext {
   userAgent: string | null
   /** The device token the browser sent, if any. */
   deviceToken: string | null
+}
+
+/** How a sign-in's first step went, kept on the session it opens (and on a second-factor challenge until then). */
+export interface SignInOpening {
+  method: SignInMethod
+  /** The OIDC provider's id, for `oidc`. */
+  provider?: string | undefined
 }
 
 export interface SignIn {

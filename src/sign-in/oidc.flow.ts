@@ -150,15 +150,16 @@ export async function finishLogin (
   // (the last admin rule, decided in `apply` under its lock), so either admin counts.
   const role = who.create?.role ?? (who.user!.role === 'admin' || access?.role === 'admin' ? 'admin' : 'user')
   const secondFactor = await secondFactorNeeded(deps, { id: userId, username: who.user?.username ?? who.create!.username, role })
+  const opened = { method: 'oidc' as const, provider: provider.id }
   let result: SsoResult
   if (secondFactor !== undefined) {
     await deps.db.transaction().execute(apply)
-    const pending = await openSignInChallenge(deps, ctx, { id: userId, username: who.user?.username ?? who.create!.username, role }, secondFactor, undefined, now)
+    const pending = await openSignInChallenge(deps, ctx, { id: userId, username: who.user?.username ?? who.create!.username, role }, secondFactor, undefined, now, opened)
     result = { kind: 'mfa', next, ...pending }
   } else {
     const locked = who.user?.locked_until != null && new Date(who.user.locked_until) > now
     // The account lock guards the password against guessing; the provider vouched for this person, so a lock is left in place but does not stop them.
-    const signedIn = await openSession(deps, ctx, userId, { locked, now, via: source, within: apply })
+    const signedIn = await openSession(deps, ctx, userId, { opened, locked, now, via: source, within: apply })
     result = { kind: 'session', next, ...signedIn }
   }
   await deps.failures.release([budget.key])

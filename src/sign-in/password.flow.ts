@@ -11,7 +11,7 @@ import { isDeviceOf } from '../sessions/device-trust.ts'
 import { countFailedSignIn, findUsersBySignInKey, hasSignedInFrom, lockAccount } from '../sessions/sessions.repository.ts'
 import { invalidCredentials, openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt, signInKey, throttleBudgets } from '../sessions/throttle.ts'
-import type { SessionsDeps, SignIn, SignInContext } from '../sessions/sessions.types.ts'
+import type { SessionsDeps, SignIn, SignInContext, SignInOpening } from '../sessions/sessions.types.ts'
 import { findTakenKeys, findUserById } from '../users/users.repository.ts'
 import { createUserRecorded, changeUserRecorded, newUserRow } from '../users/users.lifecycle.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
@@ -154,14 +154,15 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   }
   // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
   const rehash = !viaDirectory && deps.passwords.needsRehash(signingIn.password_hash!) ? await deps.passwords.hash(password) : undefined
+  const opened: SignInOpening = { method: viaDirectory ? 'ldap' : 'password' }
   const secondFactor = await secondFactorNeeded(deps, signingIn)
   if (secondFactor !== undefined) {
-    const pending = await openSignInChallenge(deps, ctx, signingIn, secondFactor, rehash, now)
+    const pending = await openSignInChallenge(deps, ctx, signingIn, secondFactor, rehash, now, opened)
     await settle()
     return { kind: 'mfa', ...pending }
   }
   const signedIn = await openSession(deps, ctx, signingIn.id, {
-    locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}), ...(keptLastAdmin ? { note: { role_kept: 'last_admin' } } : {})
+    opened, locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}), ...(keptLastAdmin ? { note: { role_kept: 'last_admin' } } : {})
   })
   await settle()
   return { kind: 'session', ...signedIn }

@@ -33,6 +33,7 @@ export async function completeSignIn (
   try {
     const { locked } = await secondStepUser(deps, step)
     signedIn = await openSession(deps, ctx, step.userId, {
+      opened: step.opened,
       locked,
       now: step.now,
       mfa: step.method,
@@ -60,6 +61,7 @@ export async function passkeySignIn (deps: SessionsDeps, ctx: SignInContext, cre
     const owner = await passkeyOwner(deps, credential, now)
     userId = owner.userId
     const signedIn = await openSession(deps, ctx, owner.userId, {
+      opened: { method: 'passkey' },
       locked: owner.locked,
       now,
       mfa: 'passkey',

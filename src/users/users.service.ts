@@ -372,10 +372,10 @@ export async function unlockUser (deps: Pick<UsersDeps, 'db'>, principal: Princi
 }
 
 /** An admin ends every session of a user (each with a `session.ended` event, reason `ended_by_admin`); API keys stay. */
-export async function endUserSessions (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<void> {
+export async function endUserSessions (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<number> {
   if (!isAdmin(principal)) throw new AppError('forbidden', 403, 'Ending another user\'s sessions is for admins.')
-  await deps.db.transaction().execute(async trx => {
+  return await deps.db.transaction().execute(async trx => {
     if (await findPublicUserById(trx, id) === undefined) throw userNotFound(id)
-    await endSessionsRecorded(trx, ctx, id, 'ended_by_admin')
+    return await endSessionsRecorded(trx, ctx, id, 'ended_by_admin')
   })
 }
