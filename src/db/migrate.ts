@@ -1,4 +1,4 @@
-import { Migrator, sql, type Migration } from 'kysely'
+import { Migrator, sql, type DatabaseIntrospector, type Migration } from 'kysely'
 import { isPostgres, type Db } from './database.ts'
 import * as m0001 from './migrations/0001_init.ts'
 import * as m0002 from './migrations/0002_sessions.ts'
@@ -43,7 +43,7 @@ export async function migrateToLatest (db: Db, schema?: string): Promise<string[
     }
   }
   const migrator = new Migrator({
-    db,
+    db: isPostgres(db) ? withSchemaIntrospection(db, schema) : db,
     provider: { getMigrations: async () => migrations },
     // Without this the migrator finds its bookkeeping tables in any schema and skips creating them in ours.
     ...(schema !== undefined && isPostgres(db) ? { migrationTableSchema: schema } : {})
@@ -71,4 +71,39 @@ async function isUpToDate (db: Db, schema: string | undefined): Promise<boolean>
   }
   const known = Object.keys(migrations)
   return applied.length === known.length && known.every(name => applied.includes(name))
+}
+
+/**
+ * On PostgreSQL, the migrator looks for its bookkeeping tables in our schema
+ * only. Kysely's own introspection reads every table of every schema in the
+ * database for that (kysely-org/kysely#1419, #1537), and fails the migration
+ * when a schema is dropped meanwhile by someone else (3F000 "schema … does not
+ * exist") or is one this role may not use. Reproduced beside two clients
+ * creating and dropping schemas: 40 of 64 migrations failed; with this, none
+ * (test/migrate.test.ts). The migrator reads nothing but the names.
+ */
+function withSchemaIntrospection (db: Db, schema: string | undefined): Db {
+  const ours = schema !== undefined ? sql`${schema}` : sql`current_schema()`
+  const introspection: DatabaseIntrospector = {
+    async getSchemas () {
+      const { rows } = await sql<{ name: string }>`select nspname as name from pg_catalog.pg_namespace where nspname = ${ours}`.execute(db)
+      return rows
+    },
+    async getTables () {
+      const { rows } = await sql<{ name: string, schema: string }>`
+        select table_name as name, table_schema as schema from information_schema.tables where table_schema = ${ours}`.execute(db)
+      return rows.map(row => ({ ...row, isView: false, columns: [] }))
+    },
+    async getMetadata () {
+      return { tables: await this.getTables() }
+    }
+  }
+  // Everything else is the handle itself (its methods bound to it: Kysely keeps its state in private fields).
+  return new Proxy(db, {
+    get: (target, property) => {
+      if (property === 'introspection') return introspection
+      const value: unknown = Reflect.get(target, property, target)
+      return typeof value === 'function' ? value.bind(target) : value
+    }
+  })
 }
