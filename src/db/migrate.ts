@@ -9,6 +9,7 @@ import * as m0006 from './migrations/0006_sso.ts'
 import * as m0007 from './migrations/0007_credential_notify.ts'
 import * as m0008 from './migrations/0008_reauthentication.ts'
 import * as m0009 from './migrations/0009_events_occurred_at.ts'
+import * as m0010 from './migrations/0010_idempotency_keys.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -20,7 +21,8 @@ const migrations: Record<string, Migration> = {
   '0006_sso': m0006,
   '0007_credential_notify': m0007,
   '0008_reauthentication': m0008,
-  '0009_events_occurred_at': m0009
+  '0009_events_occurred_at': m0009,
+  '0010_idempotency_keys': m0010
 }
 
 /**
