@@ -137,6 +137,27 @@ for (const dialect of dialects()) {
       assertReplayOf(await create(t.app, other, key, byOtherKey), second)
     })
 
+    it('keeps a signed-in user\'s keys for the user: a retry through another of their sessions gets the first answer', async () => {
+      const admin = { username: uniqueName('admin'), password: GOOD_PASSWORD, role: 'admin' }
+      assert.equal((await create(t.app, t.adminKey, undefined, admin)).statusCode, 201)
+      const signIn = async (): Promise<string> => {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: admin.username, password: GOOD_PASSWORD } })
+        assert.equal(res.statusCode, 200, res.body)
+        return res.json().token
+      }
+      const [one, two] = [await signIn(), await signIn()]
+      assert.notEqual(one, two)
+      const body = { username: uniqueName(), password: GOOD_PASSWORD }
+      const key = randomUUID()
+      const first = await create(t.app, one, key, body)
+      assert.equal(first.statusCode, 201, first.body)
+      assertReplayOf(await create(t.app, two, key, body), first)
+      // The deployment's key is another credential: the same key there is a new request.
+      const byKey = await create(t.app, t.adminKey, key, body)
+      assert.equal(byKey.json().code, 'username_taken')
+      assert.equal(byKey.headers['idempotent-replayed'], undefined)
+    })
+
     it('replays a 422 validation answer too (with the first request_id in its body); the corrected body needs a new key', async () => {
       const body = { username: uniqueName(), password: 'short' }
       const key = randomUUID()
