@@ -172,6 +172,18 @@ for (const dialect of dialects()) {
       assert.equal((await create(t.app, t.adminKey, randomUUID(), { ...body, password: GOOD_PASSWORD })).statusCode, 201)
     })
 
+    it('replays a form-urlencoded create on the 3.6.1 path, as 3.6.1 clients send it', async () => {
+      const username = uniqueName()
+      const form = `username=${username}&password=${encodeURIComponent(GOOD_PASSWORD)}&groups=a&groups=b`
+      const key = randomUUID()
+      const first = await create(t.app, t.adminKey, key, form, { url: '/auth/users', contentType: 'application/x-www-form-urlencoded' })
+      assert.equal(first.statusCode, 201, first.body)
+      assertReplayOf(await create(t.app, t.adminKey, key, form, { url: '/auth/users', contentType: 'application/x-www-form-urlencoded' }), first)
+      const swapped = await create(t.app, t.adminKey, key, form.replace('groups=a&groups=b', 'groups=b&groups=a'), { url: '/auth/users', contentType: 'application/x-www-form-urlencoded' })
+      assert.equal(swapped.json().code, 'idempotency_key_reused')
+      assert.equal((await usersNamed(t, username)).length, 1)
+    })
+
     it('fingerprints a multipart body by its fields, so a retry with a new boundary is the same request', async () => {
       const username = uniqueName()
       const multipart = (boundary: string): string =>
