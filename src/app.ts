@@ -62,6 +62,8 @@ import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-co
 import { deviceKeyOf } from './sessions/device-trust.ts'
 import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
+import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
+import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
 
 export interface BuildOptions {
   config: Config
@@ -335,6 +337,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       const webhookHistory = await purgeWebhookHistory(db, config)
       if (webhookHistory.deliveries > 0 || webhookHistory.attempts > 0) app.log.info({ removed: webhookHistory }, 'purged old webhook deliveries and attempts')
       if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
+      const idempotencyKeys = await purgeIdempotencyKeys(db)
+      if (idempotencyKeys > 0) app.log.info({ removed: { idempotencyKeys } }, 'purged idempotency keys older than a day')
     } catch (err) {
       app.log.warn({ err }, 'could not purge old sessions; will try again')
     }
@@ -353,6 +357,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     clearInterval(purgeTimer)
     await purging
   })
+
+  // Before the routes: it gives the routes that opt in (`config.idempotent`) their hooks as they are added.
+  await app.register(idempotencyPlugin)
 
   if (config.docsEnabled) await registerDocs(app, config)
   if (config.metricsEnabled) await app.register(metricsPlugin, { path: `${config.basePath}/metrics` })

@@ -39,6 +39,8 @@ export type ErrorCode =
   | 'invalid_credentials'
   | 'csrf_rejected'
   | 'conflict'
+  | 'idempotency_key_reused'
+  | 'idempotency_key_in_progress'
   | 'rate_limited'
   | 'mfa_failed'
   | 'mfa_required'

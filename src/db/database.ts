@@ -260,6 +260,26 @@ export interface OidcLoginsTable {
   used_at: NullableTimestamp
 }
 
+/** A key sent with a write (Idempotency-Key) and, once the write is answered, that answer. */
+export interface IdempotencyKeysTable {
+  /** Whose key it is: `api_key:<key id>` or `user:<user id>` (any of the user's sessions). */
+  scope: string
+  method: string
+  /** The request's path, without the query string. */
+  path: string
+  key: string
+  /** SHA-256 (hex) of the method, path, media type and body of the first request. */
+  fingerprint: string
+  state: 'in_progress' | 'done'
+  lock_token: string | null
+  locked_until: NullableTimestamp
+  status_code: number | null
+  /** JSON object of the answer's headers that are replayed (Content-Type, Location, ETag). */
+  response_headers: string | null
+  response_body: Buffer | null
+  created_at: Timestamp
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -282,6 +302,7 @@ export interface Database {
   user_identities: UserIdentitiesTable
   oidc_providers: OidcProvidersTable
   oidc_logins: OidcLoginsTable
+  idempotency_keys: IdempotencyKeysTable
 }
 
 export type Db = Kysely<Database>

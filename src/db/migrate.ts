@@ -9,6 +9,7 @@ import * as m0006 from './migrations/0006_sso.ts'
 import * as m0007 from './migrations/0007_credential_notify.ts'
 import * as m0008 from './migrations/0008_reauthentication.ts'
 import * as m0009 from './migrations/0009_events_occurred_at.ts'
+import * as m0010 from './migrations/0010_idempotency_keys.ts'
 import * as m0011 from './migrations/0011_session_details.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
@@ -22,6 +23,7 @@ const migrations: Record<string, Migration> = {
   '0007_credential_notify': m0007,
   '0008_reauthentication': m0008,
   '0009_events_occurred_at': m0009,
+  '0010_idempotency_keys': m0010,
   '0011_session_details': m0011
 }
 

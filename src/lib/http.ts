@@ -28,5 +28,11 @@ declare module 'fastify' {
      * not match it, so that one 422 lists every problem (errors.ts).
      */
     bodyRules?: (body: unknown) => FieldError[]
+    /**
+     * Retry-safe with an `Idempotency-Key` header (idempotency/idempotency.plugin.ts,
+     * docs/api.md "Retry-safe writes"): a retry with the same key and body gets
+     * the first answer again. Needs a `scope`: keys are kept per credential.
+     */
+    idempotent?: boolean
   }
 }

@@ -130,6 +130,10 @@ const RESPONSE_HEADERS = {
     description: '`<…>; rel="next"`: the URL of the next page (every query parameter kept but the cursor and `API_KEY`). Absent on the last page.',
     schema: LINK_SCHEMA
   },
+  'Idempotent-Replayed': {
+    description: '`true`: this is the stored answer to an earlier request with the same `Idempotency-Key` and body, sent again (status, body, `Location`, `ETag` and `Content-Type` as they were); nothing was done this time. Absent on an answer made for this request.',
+    schema: { type: 'string', enum: ['true'] }
+  },
   Deprecation: {
     required: true,
     description: 'This 3.6.1 path is deprecated (RFC 9745): `@<seconds since the epoch>` of the deprecation.',
@@ -164,6 +168,24 @@ export function withHeaders<T extends TSchema> (schema: T, ...names: ResponseHea
   return { ...schema, headers }
 }
 
+/**
+ * The `Idempotency-Key` request header of a route with `config.idempotent`
+ * (idempotency/idempotency.plugin.ts parses it): an RFC 8941 string, or the
+ * same text bare; the key inside is 1 to 255 characters.
+ */
+const IDEMPOTENCY_KEY_PARAMETER = {
+  type: 'string',
+  minLength: 1,
+  maxLength: 512,
+  pattern: '^("([\\x20\\x21\\x23-\\x5B\\x5D-\\x7E]|\\\\["\\\\])+"|[\\x21\\x23-\\x2B\\x2D-\\x7E]+)$',
+  description: 'Makes this request retry-safe (draft-ietf-httpapi-idempotency-key-header; docs/api.md, "Retry-safe writes"): a key of 1 to 255 characters ' +
+    'that you choose for this one request, best a random UUID, as a quoted string (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`) or bare. ' +
+    'A retry with the same key and body gets the first answer again, with `Idempotent-Replayed: true`, and changes nothing; ' +
+    'the same key with another body is refused (422 `idempotency_key_reused`), and while the first request still runs a retry gets 409 ' +
+    '`idempotency_key_in_progress` with `Retry-After`. Keys are kept 24 hours, per credential and per operation.',
+  examples: ['"8e03978e-40d5-43e8-bc93-6894a57f9324"']
+}
+
 /** Where operationTransform leaves an operation's finished response headers for finishDocument to put in place. */
 const PENDING_HEADERS = 'x-gatehouse-response-headers'
 
@@ -179,7 +201,7 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
   return ({ schema: routeSchema, url, route }) => {
     const schema = routeSchema as Record<string, unknown> | undefined
     if (schema === undefined || schema.hide === true || schema.response === undefined) return { schema: routeSchema, url }
-    const config = (route.config ?? {}) as { scope?: unknown, legacy?: boolean, rateLimit?: unknown }
+    const config = (route.config ?? {}) as { scope?: unknown, legacy?: boolean, rateLimit?: unknown, idempotent?: boolean }
     const limited = options.rateLimited && config.rateLimit !== false
     const response = { ...(schema.response as Record<string, Record<string, unknown>> | undefined) }
     if (limited && response[429] === undefined) response[429] = problemResponse(429) as Record<string, unknown>
@@ -191,6 +213,11 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
       names.add('X-Request-Id')
       if (limited && /^[24]/.test(status)) for (const name of ['RateLimit-Limit', 'RateLimit-Remaining', 'RateLimit-Reset'] as const) names.add(name)
       if (status === '429' || status === '503') names.add('Retry-After')
+      if (config.idempotent === true) {
+        // Not on what is refused before the key is claimed (credential, media type, size) nor on what the client should retry.
+        if (/^[24]/.test(status) && !['401', '413', '415', '429'].includes(status)) names.add('Idempotent-Replayed')
+        if (status === '409') names.add('Retry-After')
+      }
       if (status === '401' && config.scope !== undefined) names.add('WWW-Authenticate')
       if (config.legacy === true) for (const name of ['Deprecation', 'Sunset', 'Link'] as const) names.add(name)
       const headers: Record<string, string> = {}
@@ -201,8 +228,14 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
       pending[status.toUpperCase()] = headers
     }
     const security = schema.security === undefined && config.scope === undefined ? { security: [{}] } : {}
-    return { schema: { ...schema, ...security, response, [PENDING_HEADERS]: pending }, url }
+    const idempotency = config.idempotent === true ? idempotencyKeyParameter(schema.headers as Record<string, any> | undefined) : {}
+    return { schema: { ...schema, ...security, ...idempotency, response, [PENDING_HEADERS]: pending }, url }
   }
+}
+
+/** The route's request headers with `Idempotency-Key` added (the plugin reads it; the route's schema does not name it). */
+function idempotencyKeyParameter (headers: Record<string, any> | undefined): { headers: Record<string, unknown> } {
+  return { headers: { type: 'object', ...headers, properties: { ...headers?.properties, 'idempotency-key': IDEMPOTENCY_KEY_PARAMETER } } }
 }
 
 interface OpenApiDocument {

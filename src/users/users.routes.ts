@@ -115,7 +115,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
           ...problems(401, 403, 409, 413, 415, 422, 503)
         }
       },
-      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES, bodyRules: (body) => passwordRuleErrors(body, deps.passwordPolicy) },
+      config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES, bodyRules: (body) => passwordRuleErrors(body, deps.passwordPolicy), idempotent: true },
       preValidation: coerceForm
     }, async (request, reply) => {
       const { user, version } = await createUser(deps, request.principal!, requestContext(request), request.body)
