@@ -112,17 +112,7 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
 }
 
 /** What a door may change about a user; `password_hash` is a hash made before the transaction. */
-export interface UserChanges {
-  username?: string | undefined
-  email?: string | null | undefined
-  first_name?: string | null | undefined
-  last_name?: string | null | undefined
-  role?: 'admin' | 'user' | undefined
-  groups?: string[] | undefined
-  disabled?: boolean | undefined
-  password_sign_in?: boolean | undefined
-  password_hash?: string | undefined
-}
+export type UserChanges = Partial<NewUser> & { password_hash?: string | undefined }
 
 export interface ChangeOptions {
   /**
