@@ -159,16 +159,22 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const mayRemoveAdmin = (changes.role !== undefined && changes.role !== 'admin') || changes.disabled === true
   // Lock order is always: the admin set, then the target row. Taking them
   // the other way round deadlocks against a concurrent delete of another admin.
-  const admins = mayRemoveAdmin ? await lockEnabledAdminIds(trx) : []
+  // The admin set is locked only for a user who is an enabled admin when first
+  // read: every OIDC or LDAP sign-in of a mapped user passes role 'user', and
+  // must not queue behind every other sign-in on the admins' rows.
+  const isEnabledAdmin = (row: UserRow | undefined): boolean => row !== undefined && row.role === 'admin' && !toBool(row.disabled)
+  let admins = mayRemoveAdmin && isEnabledAdmin(await findUserById(trx, id)) ? await lockEnabledAdminIds(trx) : undefined
   const current = await findUserById(trx, id, { forUpdate: true })
   if (current === undefined) throw userNotFound(id)
+  // Made an admin between the two reads (rare): the rule still needs the admin set.
+  if (mayRemoveAdmin && admins === undefined && isEnabledAdmin(current)) admins = await lockEnabledAdminIds(trx)
   options.check?.(current)
   const old = toUser(current)
   let keptLastAdmin = false
   let role = changes.role
   const stopsBeingAdmin = old.role === 'admin' && !old.disabled && ((role !== undefined && role !== 'admin') || changes.disabled === true)
-  if (stopsBeingAdmin && !admins.some(adminId => adminId !== id)) {
-    if (options.lastAdmin === 'refuse' || changes.disabled === true) assertNotLastAdmin(admins, id)
+  if (stopsBeingAdmin && !(admins ?? []).some(adminId => adminId !== id)) {
+    if (options.lastAdmin === 'refuse' || changes.disabled === true) assertNotLastAdmin(admins ?? [], id)
     role = 'admin'
     keptLastAdmin = true
   }
