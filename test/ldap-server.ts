@@ -6,6 +6,7 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { promisify } from 'node:util'
 import { Attribute, Change, Client } from 'ldapts'
+import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso/ldap.config.ts'
 import { freePort } from './ports.ts'
 
 const run = promisify(execFile)
@@ -185,4 +186,33 @@ userPassword: ${SEARCH_PASSWORD}
     await sleep(50)
   }
   throw new Error(`slapd did not answer within 15 s: ${lastError}\n${stderr()}`)
+}
+
+/**
+ * Settings that sign in against this directory: LDAPS with its CA, the search
+ * account, inetOrgPerson users by uid, groups by member, just-in-time users;
+ * `groupMap` as LDAP_GROUP_MAP spells it.
+ */
+export function directorySettings (directory: Directory, groupMap: string, overrides: Partial<LdapConfig> = {}): LdapConfig {
+  return {
+    url: directory.ldapsUrl,
+    startTls: false,
+    ca: directory.ca,
+    tlsVerify: true,
+    bindDn: SEARCH_DN,
+    bindPassword: SEARCH_PASSWORD,
+    userBase: PEOPLE,
+    userFilter: '(&(objectClass=inetOrgPerson)(uid={username}))',
+    usernameAttribute: 'uid',
+    emailAttribute: 'mail',
+    firstNameAttribute: 'givenName',
+    lastNameAttribute: 'sn',
+    memberOfAttribute: 'memberOf',
+    groupBase: GROUPS,
+    groupFilter: DEFAULT_GROUP_FILTER,
+    groupMap: parseGroupMap(groupMap, (message: string): never => { throw new Error(message) }),
+    jit: true,
+    timeoutMs: 3000,
+    ...overrides
+  }
 }

@@ -5,10 +5,10 @@ import { after, describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
 import { ConfigError, loadConfig } from '../src/config.ts'
-import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso/ldap.config.ts'
+import type { LdapConfig } from '../src/sso/ldap.config.ts'
 import { checkWithDirectory, fillFilter } from '../src/sso/ldap.service.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
-import { GROUPS, PEOPLE, SEARCH_DN, SEARCH_PASSWORD, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
+import { directorySettings, GROUPS, PEOPLE, SEARCH_DN, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
 import { freePort } from './ports.ts'
 
 const DIRECTORY_PASSWORD = 'directory pass phrase 42'
@@ -58,30 +58,10 @@ if (!slapdAvailable) {
   after(async () => { await directory.stop() })
   const adminsDn = await directory.addGroup('gatehouse-admins', [])
   const analystsDn = await directory.addGroup('analysts', [])
-  const fail = (message: string): never => { throw new Error(message) }
 
-  const settings = (overrides: Partial<LdapConfig> = {}): LdapConfig => ({
-    url: directory.ldapsUrl,
-    startTls: false,
-    ca: directory.ca,
-    tlsVerify: true,
-    bindDn: SEARCH_DN,
-    bindPassword: SEARCH_PASSWORD,
-    userBase: PEOPLE,
-    userFilter: '(&(objectClass=inetOrgPerson)(uid={username}))',
-    usernameAttribute: 'uid',
-    emailAttribute: 'mail',
-    firstNameAttribute: 'givenName',
-    lastNameAttribute: 'sn',
-    memberOfAttribute: 'memberOf',
-    groupBase: GROUPS,
-    groupFilter: DEFAULT_GROUP_FILTER,
-    // Spelt with spaces and capitals on purpose: DNs are compared normalised.
-    groupMap: parseGroupMap(`${adminsDn.replace('cn=', 'CN = ')} => role:admin; ${analystsDn} => analysts`, fail),
-    jit: true,
-    timeoutMs: 3000,
-    ...overrides
-  })
+  // The admins' DN spelt with spaces and capitals on purpose: DNs are compared normalised.
+  const settings = (overrides: Partial<LdapConfig> = {}): LdapConfig =>
+    directorySettings(directory, `${adminsDn.replace('cn=', 'CN = ')} => role:admin; ${analystsDn} => analysts`, overrides)
 
   async function directoryUser (fields: { mail?: string } = {}): Promise<{ uid: string, dn: string }> {
     const uid = uniqueName('dir')

@@ -30,13 +30,13 @@ import { after, before, describe, it } from 'node:test'
 import { generate } from 'otplib'
 import type { LightMyRequestResponse } from 'fastify'
 import { toSettings } from '../src/sso/oidc.settings.ts'
-import { DEFAULT_GROUP_FILTER, parseGroupMap, type LdapConfig } from '../src/sso/ldap.config.ts'
+import type { LdapConfig } from '../src/sso/ldap.config.ts'
 import { REDACTED } from '../src/events/events.repository.ts'
 import type { Config } from '../src/config.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type Dialect } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
 import { signInAtOp, startTestOp, type AccountClaims, type TestOp } from './oidc-op.ts'
-import { GROUPS, PEOPLE, SEARCH_DN, SEARCH_PASSWORD, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
+import { directorySettings, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
 
 /** Where browsers reach gatehouse; the provider redirects there and the test hands the callback to app.inject. */
@@ -150,27 +150,7 @@ after(async () => { await receiver.close() })
 
 function ldapSettings (): LdapConfig | undefined {
   if (directory === undefined) return undefined
-  const fail = (message: string): never => { throw new Error(message) }
-  return {
-    url: directory.ldapsUrl,
-    startTls: false,
-    ca: directory.ca,
-    tlsVerify: true,
-    bindDn: SEARCH_DN,
-    bindPassword: SEARCH_PASSWORD,
-    userBase: PEOPLE,
-    userFilter: '(&(objectClass=inetOrgPerson)(uid={username}))',
-    usernameAttribute: 'uid',
-    emailAttribute: 'mail',
-    firstNameAttribute: 'givenName',
-    lastNameAttribute: 'sn',
-    memberOfAttribute: 'memberOf',
-    groupBase: GROUPS,
-    groupFilter: DEFAULT_GROUP_FILTER,
-    groupMap: parseGroupMap(`${adminsDn!} => role:admin; ${analystsDn!} => ${GROUP}`, fail),
-    jit: true,
-    timeoutMs: 3000
-  }
+  return directorySettings(directory, `${adminsDn!} => role:admin; ${analystsDn!} => ${GROUP}`)
 }
 
 /**
