@@ -8,7 +8,7 @@ import { newId, nowIso } from '../lib/ids.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import { deviceOf } from '../lib/user-agent.ts'
-import { findPublicUserById, toUser } from '../users/users.repository.ts'
+import { findPublicUserById, findUserById, toUser } from '../users/users.repository.ts'
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { issueDeviceToken } from './device-trust.ts'
 import {
@@ -236,7 +236,7 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
   if (principal.type !== 'session' || principal.userId === null) {
     throw new AppError('forbidden', 403, 'Changing your own password needs a signed-in session.')
   }
-  const user = await deps.db.selectFrom('users').selectAll().where('id', '=', principal.userId).executeTakeFirst()
+  const user = await findUserById(deps.db, principal.userId)
   if (user === undefined) throw invalidCredentials()
   // Guessing the current password through a stolen session is throttled like guessing it at sign-in.
   const budgets = throttleBudgets(deps, `user:${user.id}`, ctx.clientIp ?? 'unknown')
