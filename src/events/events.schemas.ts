@@ -11,7 +11,8 @@ export const EVENT_TYPES = [
   'user.identity_linked',
   'user.identity_unlinked', 'user.sso_login_succeeded', 'user.sso_login_failed',
   'sso_provider.created', 'sso_provider.updated', 'sso_provider.deleted',
-  'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed'
+  'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed',
+  'mail.sent', 'mail.failed'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]
 
