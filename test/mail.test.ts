@@ -1,13 +1,31 @@
 import assert from 'node:assert/strict'
-import { after, before, describe, it } from 'node:test'
+import { randomBytes } from 'node:crypto'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, describe, it } from 'node:test'
+import type { LightMyRequestResponse } from 'fastify'
+import { generate } from 'otplib'
+import type { Config } from '../src/config.ts'
+import { enqueueMail } from '../src/mail/mail.outbox.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
+import { waitFor } from './webhook-receiver.ts'
 
-const smtp = await SmtpTestServer.start()
-after(async () => { await smtp.close() })
+const FIREFOX_WINDOWS = 'Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 Firefox/133.0'
+const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-mail-'))
+after(() => { rmSync(tmp, { recursive: true, force: true }) })
 
-/** What every test app here is configured with: the test SMTP server, trusted for its STARTTLS certificate. */
-function mailSettings (server: SmtpTestServer) {
+const servers: SmtpTestServer[] = []
+after(async () => { for (const server of servers) await server.close() })
+async function smtpServer (): Promise<SmtpTestServer> {
+  const server = await SmtpTestServer.start()
+  servers.push(server)
+  return server
+}
+
+/** A test app's mail settings: the test SMTP server, trusted for its STARTTLS certificate through the test-only setting. */
+function mailSettings (server: SmtpTestServer, more: Partial<Config> = {}): Partial<Config> {
   return {
     smtpUrl: server.url,
     smtpTrustForTests: [server.certificate],
@@ -16,33 +34,284 @@ function mailSettings (server: SmtpTestServer) {
     productName: 'Pipelines',
     mailPollIntervalMs: 50,
     mailRetryBaseMs: 100,
-    mailTimeoutMs: 2000
+    mailRetryMaxDelayMs: 200,
+    mailTimeoutMs: 1000,
+    mfaEncryptionKey: randomBytes(32),
+    ...more
   }
 }
 
-async function createUser (t: TestApp, fields: Record<string, unknown> = {}): Promise<{ id: string, username: string, email: string | null }> {
+interface TestUser { id: string, username: string, email: string | null }
+
+async function createUser (t: TestApp, fields: Record<string, unknown> = {}): Promise<TestUser> {
   const username = uniqueName()
   const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, email: `${username}@example.test`, password: GOOD_PASSWORD, ...fields } })
   assert.equal(res.statusCode, 201, res.body)
   return res.json()
 }
 
-for (const dialect of dialects()) {
-  describe(`mail: security notices over SMTP (${dialect.name})`, () => {
-    const t = useTestApp(dialect, mailSettings(smtp))
-    before(() => { smtp.mode = 'accept' })
+async function patchUser (t: TestApp, id: string, patch: Record<string, unknown>): Promise<void> {
+  const res = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${id}`, headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' }, payload: JSON.stringify(patch) })
+  assert.equal(res.statusCode, 200, res.body)
+}
 
-    it('mails "password changed" to the user over STARTTLS, as text and HTML with the product name and a link from PUBLIC_URL', async () => {
+async function login (t: TestApp, username: string, options: { from?: string, cookie?: string, password?: string } = {}): Promise<LightMyRequestResponse> {
+  const res = await t.app.inject({
+    method: 'POST',
+    url: '/auth/api/login',
+    headers: { 'user-agent': FIREFOX_WINDOWS, ...(options.cookie !== undefined ? { cookie: options.cookie } : {}) },
+    payload: { username, password: options.password ?? GOOD_PASSWORD },
+    remoteAddress: options.from ?? '127.0.0.1'
+  })
+  assert.equal(res.statusCode, 200, res.body)
+  return res
+}
+
+const bearer = (token: string): Record<string, string> => ({ authorization: `Bearer ${token}` })
+
+/** The mail queued about a user, read from the outbox: what was queued is known when the request is answered. */
+async function outboxOf (t: TestApp, userId: string): Promise<Array<{ template: string, status: string, payload: string | null, attempts: number, last_error: string | null }>> {
+  return await t.app.db.selectFrom('mail_outbox').select(['template', 'status', 'payload', 'attempts', 'last_error'])
+    .where('user_id', '=', userId).orderBy('id').execute()
+}
+
+async function eventsOf (t: TestApp, type: string, userId: string): Promise<Array<{ data: Record<string, unknown>, target: { id: string } | null }>> {
+  const res = await t.app.inject({ url: `/auth/api/events?type=${type}&target_id=${userId}&limit=100`, headers: auth(t.adminKey) })
+  assert.equal(res.statusCode, 200, res.body)
+  return res.json()
+}
+
+for (const dialect of dialects()) {
+  describe(`mail: security notices (${dialect.name})`, async () => {
+    const smtp = await smtpServer()
+    const t = useTestApp(dialect, mailSettings(smtp))
+
+    it('mails "password changed" when an admin sets it: over STARTTLS, text and HTML, with the product name and a link from PUBLIC_URL', async () => {
       const user = await createUser(t)
-      const res = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' }, payload: JSON.stringify({ password: `${GOOD_PASSWORD} 2` }) })
-      assert.equal(res.statusCode, 200, res.body)
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
       const mail = await smtp.waitForMail(user.email!)
       assert.equal(mail.secure, true, 'sent after STARTTLS')
       assert.equal(mail.from, 'gatehouse@example.test')
       assert.equal(mail.subject, 'Pipelines: your password was changed')
-      assert.match(mail.text, new RegExp(`account ${user.username} was changed`))
-      assert.match(mail.html, new RegExp(`<strong>${user.username}</strong>`))
+      assert.match(mail.text, new RegExp(`Pipelines account ${user.username} was changed`))
+      assert.match(mail.html, new RegExp(`Pipelines account <strong>${user.username}</strong> was changed`))
       assert.deepEqual(mail.links, ['https://pipelines.example.test/auth/account'])
+      assert.match(mail.html, /href="https:\/\/pipelines\.example\.test\/auth\/account"/)
+    })
+
+    it('mails "password changed" when the user changes it, and records mail.sent without the address', async () => {
+      const user = await createUser(t)
+      const token = (await login(t, user.username)).json().token as string
+      const res = await t.app.inject({ method: 'PUT', url: '/auth/api/me/password', headers: bearer(token), payload: { current_password: GOOD_PASSWORD, new_password: `${GOOD_PASSWORD} 3` } })
+      assert.equal(res.statusCode, 204, res.body)
+      const mail = await smtp.waitForMail(user.email!)
+      assert.equal(mail.subject, 'Pipelines: your password was changed')
+      await waitFor('mail.sent', async () => (await eventsOf(t, 'mail.sent', user.id)).length === 1)
+      const [sent] = await eventsOf(t, 'mail.sent', user.id)
+      assert.equal(sent!.data.template, 'password_changed')
+      assert.equal(sent!.data.attempts, 1)
+      assert.doesNotMatch(JSON.stringify(sent), /@example\.test/)
+      const [row] = await outboxOf(t, user.id)
+      assert.equal(row!.status, 'sent')
+      assert.equal(row!.payload, null, 'the payload is erased once sent')
+    })
+
+    it('mails "factor added" when an authenticator app is enrolled and "factor removed" when it is removed', async () => {
+      const user = await createUser(t)
+      const token = (await login(t, user.username)).json().token as string
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: bearer(token) })
+      assert.equal(setup.statusCode, 200, setup.body)
+      const code = await generate({ secret: setup.json().secret, epoch: Math.floor(Date.now() / 1000) })
+      const confirmed = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers: bearer(token), payload: { code } })
+      assert.equal(confirmed.statusCode, 200, confirmed.body)
+      const added = await smtp.waitForMail(user.email!, { subject: /factor was added/ })
+      assert.equal(added.subject, 'Pipelines: a second factor was added to your account')
+      assert.match(added.text, /An authenticator app \(TOTP\) was added/)
+      assert.match(added.html, /An authenticator app \(TOTP\) was added/)
+
+      const removed = await t.app.inject({ method: 'DELETE', url: '/auth/api/me/mfa/totp', headers: bearer(token) })
+      assert.equal(removed.statusCode, 204, removed.body)
+      const notice = await smtp.waitForMail(user.email!, { subject: /factor was removed/ })
+      assert.match(notice.text, /The authenticator app \(TOTP\) was removed/)
+      assert.match(notice.html, /The authenticator app \(TOTP\) was removed/)
+    })
+
+    it('mails "factor removed" when an admin resets a user\'s factors', async () => {
+      const user = await createUser(t)
+      const token = (await login(t, user.username)).json().token as string
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: bearer(token) })
+      const code = await generate({ secret: setup.json().secret, epoch: Math.floor(Date.now() / 1000) })
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers: bearer(token), payload: { code } })).statusCode, 200)
+      const reset = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/mfa`, headers: auth(t.adminKey) })
+      assert.equal(reset.statusCode, 204, reset.body)
+      const notice = await smtp.waitForMail(user.email!, { subject: /factor was removed/ })
+      assert.match(notice.text, /All second factors were removed/)
+    })
+
+    it('mails "e-mail changed" to the old address, naming the new one (HTML-escaped in the HTML part only)', async () => {
+      const user = await createUser(t)
+      const newEmail = `o'neil&co.${randomBytes(3).toString('hex')}@example.test`
+      await patchUser(t, user.id, { email: newEmail })
+      const notice = await smtp.waitForMail(user.email!)
+      assert.equal(notice.subject, 'Pipelines: the e-mail address of your account was changed')
+      assert.ok(notice.text.includes(`from this address to ${newEmail}.`), notice.text)
+      assert.ok(notice.html.includes(`<strong>${newEmail.replace('&', '&amp;').replace("'", '&#39;')}</strong>`), notice.html)
+      const queued = await outboxOf(t, user.id)
+      assert.deepEqual(queued.map(m => m.template), ['email_changed'])
+    })
+
+    it('mails "sign-in from a new device" for a browser without the account\'s device cookie at an address not used before; not for the first sign-in, a known address or a known browser', async () => {
+      const user = await createUser(t)
+      const first = await login(t, user.username, { from: '203.0.113.7' })
+      const deviceCookie = first.cookies.find(c => c.name === 'gatehouse_device')
+      assert.ok(deviceCookie !== undefined)
+      await login(t, user.username, { from: '203.0.113.7' })
+      await login(t, user.username, { from: '198.51.100.30', cookie: `gatehouse_device=${deviceCookie.value}` })
+      assert.deepEqual(await outboxOf(t, user.id), [], 'the first sign-in, a known address and a known browser are not news')
+
+      await login(t, user.username, { from: '192.0.2.44' })
+      const notice = await smtp.waitForMail(user.email!)
+      assert.equal(notice.subject, 'Pipelines: a sign-in from a new device')
+      assert.match(notice.text, /Device: {2}Firefox 133 on Windows/)
+      assert.match(notice.text, /Address: 192\.0\.2\.44/)
+      assert.match(notice.html, /<td>192\.0\.2\.44<\/td>/)
+      const succeeded = await eventsOf(t, 'user.login_succeeded', user.id)
+      assert.deepEqual(succeeded.map(e => e.data.new_device ?? false), [true, false, false, false])
+    })
+
+    it('queues nothing for a user without an e-mail address', async () => {
+      const user = await createUser(t, { email: null })
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 4` })
+      assert.deepEqual(await outboxOf(t, user.id), [])
+    })
+
+    it('keeps neither the address nor the values readable in the outbox while a message waits', async () => {
+      const user = await createUser(t)
+      smtp.mode = 'stall'
+      try {
+        await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 5` })
+        const [row] = await outboxOf(t, user.id)
+        assert.ok(row?.payload !== null && row?.payload !== undefined)
+        assert.ok(!row.payload.includes(user.email!) && !row.payload.includes(user.username), 'sealed')
+        assert.match(row.payload, /^v1\./)
+      } finally {
+        smtp.mode = 'accept'
+        smtp.releaseStalled()
+      }
+      await smtp.waitForMail(user.email!)
+    })
+
+    it('counts sent mail in /metrics', async () => {
+      const res = await t.app.inject({ url: '/auth/metrics' })
+      assert.equal(res.statusCode, 200)
+      const sent = /gatehouse_mail_attempts_total\{outcome="sent"\} (\d+)/.exec(res.body)
+      assert.ok(sent !== null && Number(sent[1]) >= 5, res.body.split('\n').filter(l => l.includes('mail')).join('\n'))
+      assert.match(res.body, /gatehouse_mail_pending \d+/)
+    })
+  })
+
+  describe(`mail: notices switched off, and templates overridden (${dialect.name})`, async () => {
+    const smtp = await smtpServer()
+    const templates = mkdtempSync(join(tmp, 'templates-'))
+    writeFileSync(join(templates, 'factor_added.subject'), 'Security notice from {{product_name}} for {{username}}')
+    writeFileSync(join(templates, 'factor_added.html'), '<p>{{product_name}} (custom): {{#factor_totp}}TOTP{{/factor_totp}} added for {{username}}.</p>')
+    const t = useTestApp(dialect, mailSettings(smtp, { mailNotices: ['factor_added'], mailTemplatesDir: templates }))
+
+    it('sends only the notices MAIL_NOTICES names, and an override replaces just the parts it provides', async () => {
+      const user = await createUser(t)
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
+      await patchUser(t, user.id, { email: `moved.${user.email!}` })
+      assert.deepEqual(await outboxOf(t, user.id), [], 'password and e-mail notices are off')
+
+      const token = (await login(t, user.username, { password: `${GOOD_PASSWORD} 2` })).json().token as string
+      const setup = await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp', headers: bearer(token) })
+      const code = await generate({ secret: setup.json().secret, epoch: Math.floor(Date.now() / 1000) })
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/me/mfa/totp/confirm', headers: bearer(token), payload: { code } })).statusCode, 200)
+      const mail = await smtp.waitForMail(`moved.${user.email!}`)
+      assert.equal(mail.subject, `Security notice from Pipelines for ${user.username}`)
+      assert.equal(mail.html.trim(), `<p>Pipelines (custom): TOTP added for ${user.username}.</p>`)
+      assert.match(mail.text, /An authenticator app \(TOTP\) was added/, 'the built-in text part')
+      assert.deepEqual((await outboxOf(t, user.id)).map(m => m.template), ['factor_added'])
+    })
+  })
+
+  describe(`mail: without SMTP (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
+
+    it('queues no notices and enqueueMail says it queued nothing', async () => {
+      const user = await createUser(t)
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
+      assert.deepEqual(await outboxOf(t, user.id), [])
+      const queued = await t.app.db.transaction().execute(async trx => await enqueueMail(trx, { to: user.email!, template: 'password_changed', data: {}, userId: user.id }))
+      assert.equal(queued, false)
+      assert.deepEqual(await outboxOf(t, user.id), [])
+      assert.equal(t.app.mail, undefined)
+    })
+  })
+
+  describe(`mail: an SMTP server that refuses or stalls (${dialect.name})`, async () => {
+    const smtp = await smtpServer()
+    const logLines: string[] = []
+    const t = useTestApp(dialect, mailSettings(smtp), { write: (line: string) => { logLines.push(line) } })
+
+    it('answers the request while SMTP stalls, and sends the message once the server answers again', async () => {
+      const user = await createUser(t)
+      smtp.mode = 'stall'
+      const connectionsBefore = smtp.connections
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
+      // The request was answered; the worker is (or is about to be) held by the stalled server.
+      await waitFor('the worker to connect to the stalled server', () => smtp.connections > connectionsBefore)
+      const stillAnswering = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' }, payload: JSON.stringify({ first_name: 'Stalled' }) })
+      assert.equal(stillAnswering.statusCode, 200)
+      assert.equal(smtp.mailTo(user.email!).length, 0)
+      smtp.mode = 'accept'
+      const mail = await smtp.waitForMail(user.email!)
+      assert.equal(mail.subject, 'Pipelines: your password was changed')
+      await waitFor('the message recorded as sent', async () => (await outboxOf(t, user.id))[0]?.status === 'sent')
+      const [row] = await outboxOf(t, user.id)
+      assert.ok(row!.attempts >= 2, `attempts: ${row!.attempts}`)
+    })
+
+    it('retries after a temporary refusal (451) with back-off, and sends once the server accepts', async () => {
+      const user = await createUser(t)
+      smtp.mode = 'refuse-temporarily'
+      const refusalsBefore = smtp.refusals
+      await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
+      await waitFor('two refusals', () => smtp.refusals >= refusalsBefore + 2)
+      const [waiting] = await outboxOf(t, user.id)
+      assert.equal(waiting!.status, 'pending')
+      assert.match(waiting!.last_error ?? '', /451/)
+      smtp.mode = 'accept'
+      await smtp.waitForMail(user.email!)
+      await waitFor('mail.sent', async () => (await eventsOf(t, 'mail.sent', user.id)).length === 1)
+      assert.ok(((await eventsOf(t, 'mail.sent', user.id))[0]!.data.attempts as number) >= 3)
+    })
+
+    it('gives a message up at a permanent refusal (550): mail.failed, the payload erased, counted in /metrics', async () => {
+      const user = await createUser(t)
+      smtp.mode = 'refuse-permanently'
+      try {
+        await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
+        await waitFor('mail.failed', async () => (await eventsOf(t, 'mail.failed', user.id)).length === 1)
+      } finally {
+        smtp.mode = 'accept'
+      }
+      const [failed] = await eventsOf(t, 'mail.failed', user.id)
+      assert.equal(failed!.data.template, 'password_changed')
+      assert.match(String(failed!.data.error), /550/)
+      assert.doesNotMatch(JSON.stringify(failed), /@example\.test/)
+      const [row] = await outboxOf(t, user.id)
+      assert.equal(row!.status, 'failed')
+      assert.equal(row!.payload, null)
+      const metrics = await t.app.inject({ url: '/auth/metrics' })
+      assert.match(metrics.body, /gatehouse_mail_failed [1-9]/)
+      assert.match(metrics.body, /gatehouse_mail_attempts_total\{outcome="failed"\} [1-9]/)
+    })
+
+    it('writes no address into the log while failing', () => {
+      const lines = logLines.filter(l => l.includes('mail not sent'))
+      assert.ok(lines.length > 0)
+      for (const line of logLines) assert.doesNotMatch(line, /@example\.test/)
     })
   })
 }
