@@ -228,6 +228,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('mail', mail)
   if (mail !== undefined && config.mailDelivery) app.addHook('onReady', async () => { mail.start() })
   if (mail !== undefined) app.addHook('preClose', async () => { await mail.stop() })
+  if (mailTemplates !== undefined && mailTemplates.unused.length > 0) {
+    app.log.warn({ files: mailTemplates.unused }, 'MAIL_TEMPLATES_DIR holds files that match no mail template; they are ignored (docs/email.md#templates)')
+  }
   if (mail === undefined) app.log.info('no SMTP_URL: no mail is sent, and security notices are not queued (docs/email.md#without-smtp)')
   const redis = config.redisUrl !== undefined
     // Imported only when configured: ioredis is a tenth of start-up's module loading.

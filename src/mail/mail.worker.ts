@@ -1,5 +1,4 @@
 import { randomUUID } from 'node:crypto'
-import { isIP } from 'node:net'
 import type { FastifyBaseLogger } from 'fastify'
 import nodemailer, { type Transporter } from 'nodemailer'
 import type SMTPTransport from 'nodemailer/lib/smtp-transport/index.js'
@@ -51,10 +50,8 @@ export function createTransport (settings: MailWorkerSettings): Transporter<SMTP
     connectionTimeout: settings.mailTimeoutMs,
     greetingTimeout: settings.mailTimeoutMs,
     socketTimeout: settings.mailTimeoutMs,
-    // Node's TLS defaults: its CA store plus NODE_EXTRA_CA_CERTS, host name checked.
+    // Node's TLS defaults (nodemailer adds no CAs of its own): Node's CA store plus NODE_EXTRA_CA_CERTS, the host name checked.
     tls: {
-      // SNI carries names only; an address is checked against the certificate's IP entries.
-      ...(isIP(host) === 0 ? { servername: host } : {}),
       minVersion: 'TLSv1.2',
       ...(settings.smtpTrustForTests !== undefined ? { ca: settings.smtpTrustForTests } : {})
     },
