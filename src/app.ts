@@ -42,7 +42,7 @@ import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
 import webhooksRoutes from './webhooks/webhooks.routes.ts'
 import { WebhookWorker } from './webhooks/webhooks.worker.ts'
 import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
-import { MailPolicyPlugin } from './mail/mail.outbox.ts'
+import { mailKeyOf, MailPolicyPlugin } from './mail/mail.outbox.ts'
 import { deleteFinishedMailBefore } from './mail/mail.repository.ts'
 import { MailTemplates } from './mail/mail.templates.ts'
 import { MailWorker } from './mail/mail.worker.ts'
@@ -198,7 +198,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const credentials = new CredentialCache(config.credentialCacheTtlMs, !isPostgres(ownDb))
   // Whether mail is queued, and which notices, travels on the handle into every transaction (mail/mail.outbox.ts).
   const db = ownDb.withPlugin(writesPlugin(credentials))
-    .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices) }))
+    .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices), sealKey: mailKeyOf(config.mfaEncryptionKey) }))
   const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
   app.addHook('preClose', stopWatching)
   if (options.migrate !== false) {

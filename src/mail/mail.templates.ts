@@ -2,6 +2,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import Mustache from 'mustache'
+import { ConfigError } from '../config.ts'
 
 /**
  * Mail templates (docs/email.md#templates): each message is three Mustache
@@ -31,7 +32,8 @@ export const TEMPLATE_NAMES: ReadonlySet<string> = new Set(namesIn(BUILT_IN_DIR)
 
 export interface RenderedMail { subject: string, text: string, html: string }
 
-export class TemplateError extends Error {}
+/** A template that is missing or does not parse: a configuration mistake, reported as one at start. */
+export class TemplateError extends ConfigError {}
 
 const plain = (value: unknown): string => String(value)
 const HTML_ENTITIES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }
