@@ -1,17 +1,20 @@
 import assert from 'node:assert/strict'
-import { randomBytes } from 'node:crypto'
+import { generateKeyPairSync, randomBytes } from 'node:crypto'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
-import type { Config } from '../src/config.ts'
+import { ConfigError, loadConfig, type Config } from '../src/config.ts'
+import { publicLink } from '../src/lib/public-url.ts'
 import { enqueueMail, mailKeyOf, openPayload } from '../src/mail/mail.outbox.ts'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
+import { SoftAuthenticator } from './soft-authenticator.ts'
 import { waitFor } from './webhook-receiver.ts'
 
+const ORIGIN = 'http://localhost:8080'
 const FIREFOX_WINDOWS = 'Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 Firefox/133.0'
 const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-mail-'))
 after(() => { rmSync(tmp, { recursive: true, force: true }) })
@@ -81,10 +84,50 @@ async function eventsOf (t: TestApp, type: string, userId: string): Promise<Arra
   return res.json()
 }
 
+describe('mail settings', () => {
+  const smtpEnv = { SMTP_URL: 'smtp://relay.example.test', MAIL_FROM: 'gatehouse@example.test', PUBLIC_URL: 'https://pipelines.example.test/auth' }
+
+  it('requires PUBLIC_URL and MAIL_FROM with SMTP_URL, and an smtp:// or smtps:// address', () => {
+    assert.throws(() => loadConfig({ ...smtpEnv, PUBLIC_URL: '' }), (e: unknown) => e instanceof ConfigError && /PUBLIC_URL is required/.test(e.message))
+    assert.throws(() => loadConfig({ ...smtpEnv, MAIL_FROM: '' }), (e: unknown) => e instanceof ConfigError && /MAIL_FROM is required/.test(e.message))
+    assert.throws(() => loadConfig({ ...smtpEnv, SMTP_URL: 'http://relay.example.test' }), ConfigError)
+    assert.throws(() => loadConfig({ ...smtpEnv, PUBLIC_URL: 'https://pipelines.example.test/auth/' }), ConfigError)
+    assert.throws(() => loadConfig({ ...smtpEnv, PUBLIC_URL: 'pipelines.example.test' }), ConfigError)
+    const config = loadConfig(smtpEnv)
+    assert.equal(config.smtpRequireTls, true, 'STARTTLS is required by default')
+    assert.deepEqual(config.mailNotices, ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'new_device_sign_in'])
+    assert.equal(loadConfig({ ...smtpEnv, SMTP_REQUIRE_TLS: 'false' }).smtpRequireTls, false)
+  })
+
+  it('reads MAIL_NOTICES as a list of known notices, or none', () => {
+    assert.deepEqual(loadConfig({ MAIL_NOTICES: 'password_changed, email_changed' }).mailNotices, ['password_changed', 'email_changed'])
+    assert.deepEqual(loadConfig({ MAIL_NOTICES: 'none' }).mailNotices, [])
+    assert.deepEqual(loadConfig({ MAIL_NOTICES: '' }).mailNotices, [])
+    assert.throws(() => loadConfig({ MAIL_NOTICES: 'password_change' }), ConfigError)
+  })
+
+  it('takes DKIM settings all together or not at all', () => {
+    assert.throws(() => loadConfig({ MAIL_DKIM_DOMAIN: 'example.test' }), ConfigError)
+    const keyFile = join(tmp, 'dkim.pem')
+    writeFileSync(keyFile, '-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIH1c\n-----END PRIVATE KEY-----\n')
+    const dkim = loadConfig({ MAIL_DKIM_DOMAIN: 'example.test', MAIL_DKIM_SELECTOR: 'gh', MAIL_DKIM_PRIVATE_KEY_FILE: keyFile }).mailDkim
+    assert.equal(dkim?.domain, 'example.test')
+    assert.match(dkim?.privateKey ?? '', /BEGIN PRIVATE KEY/)
+  })
+
+  it('builds links from PUBLIC_URL, or else from the address it listens on; never from a request', () => {
+    const withPublicUrl = loadConfig({ PUBLIC_URL: 'https://pipelines.example.test/auth' })
+    assert.equal(publicLink(withPublicUrl, '/reset', { token: 'a b&c' }), 'https://pipelines.example.test/auth/reset?token=a+b%26c')
+    assert.equal(publicLink(loadConfig({ HOST: '0.0.0.0', PORT: '9000' }), '/account'), 'http://localhost:9000/auth/account')
+    assert.equal(publicLink(loadConfig({ HOST: '::1' }), '/account'), 'http://[::1]:8080/auth/account')
+    assert.throws(() => publicLink(withPublicUrl, '//evil.example/x'))
+  })
+})
+
 for (const dialect of dialects()) {
   describe(`mail: security notices (${dialect.name})`, async () => {
     const smtp = await smtpServer()
-    const t = useTestApp(dialect, mailSettings(smtp))
+    const t = useTestApp(dialect, mailSettings(smtp, { webauthnRpId: 'localhost', webauthnOrigins: [ORIGIN] }))
 
     it('mails "password changed" when an admin sets it: over STARTTLS, text and HTML, with the product name and a link from PUBLIC_URL', async () => {
       const user = await createUser(t)
@@ -134,6 +177,23 @@ for (const dialect of dialects()) {
       const notice = await smtp.waitForMail(user.email!, { subject: /factor was removed/ })
       assert.match(notice.text, /The authenticator app \(TOTP\) was removed/)
       assert.match(notice.html, /The authenticator app \(TOTP\) was removed/)
+    })
+
+    it('mails "factor added" and "factor removed" for a passkey', async () => {
+      const user = await createUser(t)
+      const token = (await login(t, user.username)).json().token as string
+      const authenticator = new SoftAuthenticator(ORIGIN, 'localhost')
+      const options = await t.app.inject({ method: 'POST', url: '/auth/api/me/passkeys/options', headers: bearer(token) })
+      assert.equal(options.statusCode, 200, options.body)
+      const added = await t.app.inject({ method: 'POST', url: '/auth/api/me/passkeys', headers: bearer(token), payload: { name: 'Laptop', credential: authenticator.create(options.json().options) } })
+      assert.equal(added.statusCode, 201, added.body)
+      const notice = await smtp.waitForMail(user.email!, { subject: /factor was added/ })
+      assert.match(notice.text, /A passkey was added as a second factor/)
+      const removed = await t.app.inject({ method: 'DELETE', url: `/auth/api/me/passkeys/${added.json().passkey.id}`, headers: bearer(token) })
+      assert.equal(removed.statusCode, 204, removed.body)
+      const gone = await smtp.waitForMail(user.email!, { subject: /factor was removed/ })
+      assert.match(gone.text, /A passkey was removed/)
+      assert.match(gone.html, /A passkey was removed/)
     })
 
     it('mails "factor removed" when an admin resets a user\'s factors', async () => {
@@ -217,9 +277,10 @@ for (const dialect of dialects()) {
     const templates = mkdtempSync(join(tmp, 'templates-'))
     writeFileSync(join(templates, 'factor_added.subject'), 'Security notice from {{product_name}} for {{username}}')
     writeFileSync(join(templates, 'factor_added.html'), '<p>{{product_name}} (custom): {{#factor_totp}}TOTP{{/factor_totp}} added for {{username}}.</p>')
-    const t = useTestApp(dialect, mailSettings(smtp, { mailNotices: ['factor_added'], mailTemplatesDir: templates }))
+    const dkimKey = generateKeyPairSync('rsa', { modulusLength: 2048 }).privateKey.export({ type: 'pkcs8', format: 'pem' }).toString()
+    const t = useTestApp(dialect, mailSettings(smtp, { mailNotices: ['factor_added'], mailTemplatesDir: templates, mailDkim: { domain: 'example.test', selector: 'gh', privateKey: dkimKey } }))
 
-    it('sends only the notices MAIL_NOTICES names, and an override replaces just the parts it provides', async () => {
+    it('sends only the notices MAIL_NOTICES names, and an override replaces just the parts it provides; DKIM-signed', async () => {
       const user = await createUser(t)
       await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })
       await patchUser(t, user.id, { email: `moved.${user.email!}` })
@@ -233,6 +294,9 @@ for (const dialect of dialects()) {
       assert.equal(mail.subject, `Security notice from Pipelines for ${user.username}`)
       assert.equal(mail.html.trim(), `<p>Pipelines (custom): TOTP added for ${user.username}.</p>`)
       assert.match(mail.text, /An authenticator app \(TOTP\) was added/, 'the built-in text part')
+      const dkim = mail.headers.get('dkim-signature') as { params?: Record<string, string> } | undefined
+      assert.equal(dkim?.params?.d, 'example.test')
+      assert.equal(dkim?.params?.s, 'gh')
       assert.deepEqual((await outboxOf(t, user.id)).map(m => m.template), ['factor_added'])
     })
   })
