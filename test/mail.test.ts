@@ -8,7 +8,9 @@ import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
 import { ConfigError, loadConfig, type Config } from '../src/config.ts'
 import { publicLink } from '../src/lib/public-url.ts'
-import { enqueueMail, mailKeyOf, openPayload } from '../src/mail/mail.outbox.ts'
+import { enqueueMail, mailKeyOf, NO_NOTICES, openPayload } from '../src/mail/mail.outbox.ts'
+import { changeUserRecorded } from '../src/users/users.lifecycle.ts'
+import { SYSTEM_CONTEXT } from '../src/auth/principal.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 import { SoftAuthenticator } from './soft-authenticator.ts'
@@ -237,6 +239,16 @@ for (const dialect of dialects()) {
       assert.match(notice.html, /<td>192\.0\.2\.44<\/td>/)
       const succeeded = await eventsOf(t, 'user.login_succeeded', user.id)
       assert.deepEqual(succeeded.map(e => e.data.new_device ?? false), [true, false, false, false])
+    })
+
+    it('queues no notice for a change whose event says notices: false (an invitation accepted sets the first password)', async () => {
+      const user = await createUser(t)
+      await t.app.db.transaction().execute(async trx => {
+        await changeUserRecorded(trx, SYSTEM_CONTEXT, user.id, { password_hash: await t.app.passwords.hash(`${GOOD_PASSWORD} 6`) }, { lastAdmin: 'refuse', extra: NO_NOTICES })
+      })
+      const [updated] = await eventsOf(t, 'user.updated', user.id)
+      assert.equal(updated!.data.notices, false)
+      assert.deepEqual(await outboxOf(t, user.id), [])
     })
 
     it('queues nothing for a user without an e-mail address', async () => {

@@ -70,14 +70,16 @@ export function createTransport (settings: MailWorkerSettings): Transporter<SMTP
 interface SendError { message: string, permanent: boolean }
 
 /**
- * A refusal the server says is final (5xx to the recipient or the message)
- * gives the message up; anything else (a 4xx, a connection that failed or
- * stalled, a refused login, which is the deployment's to fix) is retried.
+ * A refusal the server says is final for this message (5xx to the recipient,
+ * RCPT TO, or to the message, DATA) gives the message up. Anything else is
+ * retried: a 4xx, a connection that failed or stalled, and a 5xx to the
+ * sender (MAIL FROM), the login or the greeting, which are the deployment's
+ * to fix and would otherwise give up every message while they are wrong.
  */
 function sendErrorOf (error: unknown): SendError {
   const e = error as { responseCode?: number, command?: string, code?: string, message?: string }
   const code = e.responseCode
-  const permanent = code !== undefined && code >= 500 && code < 600 && e.command !== 'AUTH PLAIN' && e.command !== 'AUTH LOGIN' && e.code !== 'EAUTH'
+  const permanent = code !== undefined && code >= 500 && code < 600 && (e.command === 'RCPT TO' || e.command === 'DATA')
   // The server's reply, or the failure's name: never the message, which may hold a link.
   const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code).slice(0, 300)}` : `${e.code ?? 'error'}: ${String(e.message ?? '').slice(0, 300)}`
   return { message, permanent }
