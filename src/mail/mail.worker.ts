@@ -85,9 +85,10 @@ function sendErrorOf (error: unknown): SendError {
   const e = error as { responseCode?: number, command?: string, code?: string, message?: string }
   const code = e.responseCode
   const permanent = code !== undefined && code >= 500 && code < 600 && (e.command === 'RCPT TO' || e.command === 'DATA')
-  // The server's reply, or the failure's name: never the message, which may hold a link.
-  const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code).slice(0, 300)}` : `${e.code ?? 'error'}: ${String(e.message ?? '').slice(0, 300)}`
-  return { message, permanent }
+  // The server's reply, or the failure's name: never the message, which may hold a link, and no
+  // address, which replies often quote (events and logs must not name whom mail was meant for).
+  const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code)}` : `${e.code ?? 'error'}: ${String(e.message ?? '')}`
+  return { message: message.replace(/[^\s<>()[\]"',;:]+@[^\s<>()[\]"',;]+/g, '[address]').slice(0, 300), permanent }
 }
 
 /**
