@@ -42,6 +42,8 @@ export const User = Type.Object({
   groups: Groups,
   disabled: Type.Boolean(),
   password_sign_in: PasswordSignIn,
+  email_verified: Type.Boolean({ description: 'The address in `email` was confirmed by a link or code mailed to it (docs/email.md). Set false whenever `email` changes but by a confirmation.' }),
+  invitation_pending: Type.Boolean({ description: 'Invited and not yet accepted (docs/email.md#invitations): the user cannot sign in with a password until the invitation link sets one.' }),
   created_at: Timestamp(),
   updated_at: Timestamp(),
   last_login_at: NullableTimestamp,
@@ -78,7 +80,11 @@ export const UserCreate = Type.Object({
   role: Type.Optional(withExample(Role, CREATE_EXAMPLE.role)),
   groups: Type.Optional(withExample(Groups, CREATE_EXAMPLE.groups)),
   disabled: Type.Optional(Type.Boolean({ examples: [CREATE_EXAMPLE.disabled] })),
-  password_sign_in: Type.Optional(PasswordSignIn)
+  password_sign_in: Type.Optional(PasswordSignIn),
+  invite: Type.Optional(Type.Boolean({
+    description: 'Invite the user instead of giving a password (docs/email.md#invitations): the user is `invitation_pending` until they follow the ' +
+      'mailed link (or, without SMTP, the link in this answer\'s `invitation`) and set their own password. Not with `password`; needs an `email` when mail is sent.'
+  }))
 }, {
   $id: 'UserCreate',
   additionalProperties: false,
