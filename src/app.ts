@@ -32,7 +32,7 @@ import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
 import authPlugin from './auth/auth.plugin.ts'
-import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
+import { Invitation, User, UserCreate, UserCreated, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
@@ -102,16 +102,17 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at
  * the callback (the authorisation code and the state, which together finish a
- * sign-in), and the tokens an OAuth answer may carry. No other gatehouse
+ * sign-in), the tokens an OAuth answer may carry, and the `token` of an
+ * invitation, password-reset or e-mail link (docs/email.md). No other gatehouse
  * operation takes a parameter of these names, so they are redacted wherever
  * they appear.
  */
-const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token'])
+const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token', 'token'])
 
 /**
  * Request log lines carry the path, never a credential given in the query

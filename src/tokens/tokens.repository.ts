@@ -163,3 +163,41 @@ export async function deleteTokensEndedBefore (db: Db, before: string): Promise<
     .executeTakeFirst()
   return Number(result.numDeletedRows)
 }
+
+/** How a person shows they hold a token: the link's secret, or the account's name or address with the mailed code. */
+export type TokenProof = { token: string } | { login: string, code: string }
+
+/**
+ * Uses the token a proof names, in the caller's transaction. A code is
+ * checked against the live token of the account the login names (its
+ * username, or for `byEmail` purposes the address the token was sent to);
+ * undefined when nothing matched, and a wrong code has been counted.
+ */
+export async function useTokenProof (db: Db, proof: TokenProof, purpose: AccountTokenPurpose, now = new Date()): Promise<TokenRow | undefined> {
+  if ('token' in proof) return await consumeToken(db, proof.token, purpose, now)
+  const userId = await findTokenHolder(db, proof.login, purpose, now)
+  if (userId === undefined) return undefined
+  return await consumeTokenByCode(db, userId, purpose, proof.code, now)
+}
+
+/**
+ * The account a typed login names for a code: the user whose username or
+ * address it is, or for an e-mail confirmation the user whose live token was
+ * sent to that address (the new address is not the account's yet).
+ */
+export async function findTokenHolder (db: Db, login: string, purpose: AccountTokenPurpose, now = new Date()): Promise<string | undefined> {
+  const key = login.trim().toLowerCase()
+  if (key === '') return undefined
+  if (purpose === 'email_verification') {
+    const row = await db.selectFrom('account_tokens').select('user_id')
+      .where('purpose', '=', purpose).where(sql<string>`lower(email)`, '=', key)
+      .where('used_at', 'is', null).where('expires_at', '>', now.toISOString())
+      .executeTakeFirst()
+    return row?.user_id
+  }
+  const rows = await db.selectFrom('users').select(['id', 'username_key'])
+    .where(eb => eb.or([eb('username_key', '=', key), eb('email_key', '=', key)]))
+    .execute()
+  // A username match wins over someone else's address that reads the same, as at sign-in.
+  return (rows.find(r => r.username_key === key) ?? rows[0])?.id
+}

@@ -196,3 +196,16 @@ export const UserImportResult = Type.Object(ImportCounts, {
   description: 'The per-item report of an import that was applied (with `atomic: false`, some items may have failed).'
 })
 export type UserImportResult = Static<typeof UserImportResult>
+
+export const Invitation = Type.Object({
+  mailed: Type.Boolean({ description: 'True: the link and code went to the user\'s address (SMTP configured). False: no mail was sent; hand over `url` (or `code`) yourself.' }),
+  expires_at: Timestamp({ description: 'When the link and code stop working (INVITATION_LIFETIME_HOURS, default 72 h).' }),
+  url: Type.Optional(Type.String({ format: 'uri', maxLength: 2048, description: 'Only without SMTP: the one-time link to hand to the user. Shown once; resending makes a new one and ends this.' })),
+  code: Type.Optional(Type.String({ maxLength: 16, pattern: '^[A-Z0-9]{4}-[A-Z0-9]{4}$', description: 'Only without SMTP: the short code the user may type at the invitation page instead of following the link.' }))
+}, { $id: 'Invitation', additionalProperties: false, description: 'An invitation just issued (docs/email.md#invitations).' })
+export type Invitation = Static<typeof Invitation>
+
+export const UserCreated = Type.Object({
+  ...User.properties,
+  invitation: Type.Optional(ref(Invitation))
+}, { $id: 'UserCreated', additionalProperties: false, description: 'The created user; with `invite: true`, also the invitation issued.' })

@@ -1,0 +1,30 @@
+import { Type, type Static } from 'typebox'
+import { TokenProofFields } from '../tokens/tokens.schemas.ts'
+
+export const PasswordResetRequest = Type.Object({
+  email: Type.Optional(Type.String({ minLength: 1, maxLength: 254, description: 'The account\'s address, ignoring case.', examples: ['ada@example.com'] })),
+  username: Type.Optional(Type.String({ minLength: 1, maxLength: 254, description: 'Or the account\'s username, ignoring case.' }))
+}, {
+  $id: 'PasswordResetRequest',
+  additionalProperties: false,
+  description: 'Whose password to reset: `email` or `username` (one of them).',
+  examples: [{ email: 'ada@example.com' }]
+})
+export type PasswordResetRequest = Static<typeof PasswordResetRequest>
+
+export const PASSWORD_RESET_ACCEPTED_TEXT = 'If an account with a password matches, a link to reset its password has been mailed to its address. It works for a limited time.'
+
+export const PasswordResetAccepted = Type.Object({
+  status: Type.Literal('accepted'),
+  detail: Type.String({ maxLength: 256, examples: [PASSWORD_RESET_ACCEPTED_TEXT] })
+}, { $id: 'PasswordResetAccepted', additionalProperties: false, description: 'The same answer whether or not an account matched.' })
+
+export const PasswordResetCompletion = Type.Object({
+  ...TokenProofFields,
+  new_password: Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true, description: 'The new password, under the password rules.' })
+}, {
+  $id: 'PasswordResetCompletion',
+  additionalProperties: false,
+  description: 'Sets a new password with a reset link\'s token, or the username or address and the mailed code.'
+})
+export type PasswordResetCompletion = Static<typeof PasswordResetCompletion>
