@@ -42,6 +42,10 @@ import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
 import webhooksRoutes from './webhooks/webhooks.routes.ts'
 import { WebhookWorker } from './webhooks/webhooks.worker.ts'
 import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
+import { MailPolicyPlugin } from './mail/mail.outbox.ts'
+import { deleteFinishedMailBefore } from './mail/mail.repository.ts'
+import { MailTemplates } from './mail/mail.templates.ts'
+import { MailWorker } from './mail/mail.worker.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
@@ -76,6 +80,8 @@ export interface BuildOptions {
   logStream?: { write: (line: string) => void }
 }
 
+/** How long the outbox keeps a message sent or given up (its payload is gone already): for the event log's mail ids. */
+const MAIL_RETENTION_MS = 30 * 86_400_000
 /** The last flush of the log on close, within the shutdown cap (server.ts). */
 const LOG_FLUSH_ON_CLOSE_MS = 2000
 const REQUEST_ID = /^[A-Za-z0-9._:-]{1,64}$/
@@ -136,6 +142,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   // was a tenth of a list request's cost. A stdout whose reader is gone drops
   // and counts lines instead of holding the process (system/log-destination.ts).
   // Tests pass their own stream.
+  // Read first, so that a broken template override stops the start before anything is opened.
+  const mailTemplates = config.smtpUrl !== undefined ? new MailTemplates(config.mailTemplatesDir) : undefined
   const stdoutLog = options.logStream === undefined && options.logger === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
   const logDestination = options.logStream ?? stdoutLog!
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
@@ -189,7 +197,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   if (options.db === undefined) app.addHook('onClose', async () => { await ownDb.destroy() })
   // Checked credentials are cached briefly; every write through this handle that could end one empties the cache.
   const credentials = new CredentialCache(config.credentialCacheTtlMs, !isPostgres(ownDb))
+  // Whether mail is queued, and which notices, travels on the handle into every transaction (mail/mail.outbox.ts).
   const db = ownDb.withPlugin(writesPlugin(credentials))
+    .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices) }))
   const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
   app.addHook('preClose', stopWatching)
   if (options.migrate !== false) {
@@ -214,6 +224,12 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('webhooks', webhooks)
   if (config.webhookDelivery) app.addHook('onReady', async () => { webhooks.start() })
   app.addHook('preClose', async () => { await webhooks.stop() })
+  // Sends queued mail when SMTP is configured.
+  const mail = mailTemplates !== undefined ? new MailWorker(db, config, mailTemplates, app.log) : undefined
+  app.decorate('mail', mail)
+  if (mail !== undefined && config.mailDelivery) app.addHook('onReady', async () => { mail.start() })
+  if (mail !== undefined) app.addHook('preClose', async () => { await mail.stop() })
+  if (mail === undefined) app.log.info('no SMTP_URL: no mail is sent, and security notices are not queued (docs/email.md#without-smtp)')
   const redis = config.redisUrl !== undefined
     // Imported only when configured: ioredis is a tenth of start-up's module loading.
     ? new (await import('ioredis')).Redis(config.redisUrl, {
@@ -338,6 +354,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       const webhookHistory = await purgeWebhookHistory(db, config)
       if (webhookHistory.deliveries > 0 || webhookHistory.attempts > 0) app.log.info({ removed: webhookHistory }, 'purged old webhook deliveries and attempts')
       if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
+      const mails = await deleteFinishedMailBefore(db, new Date(Date.now() - MAIL_RETENTION_MS).toISOString())
+      if (mails > 0) app.log.info({ removed: { mails } }, 'purged mail sent or given up more than 30 days ago')
       const idempotencyKeys = await purgeIdempotencyKeys(db)
       if (idempotencyKeys > 0) app.log.info({ removed: { idempotencyKeys } }, 'purged idempotency keys older than a day')
     } catch (err) {

@@ -1,3 +1,4 @@
+import { readFileSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
 import { USERNAME_PATTERN } from './users/users.schemas.ts'
 import { readLdapConfig, type LdapConfig } from './sso/ldap.config.ts'
@@ -132,7 +133,47 @@ export interface Config {
   emailVerificationLifetimeMs: number
   /** Password-reset requests per address typed, per account and per client address, in an hour (PASSWORD_RESET_MAX_PER_HOUR). */
   passwordResetMaxPerHour: number
+  /** The product's name in mail (and wherever gatehouse names the product to people). */
+  productName: string
+  /**
+   * The address at which people reach the base path (`https://pipelines.example.com/auth`),
+   * for links in mail; never guessed from a request's Host. Required with SMTP_URL.
+   */
+  publicUrl: string | undefined
+  /** `smtp://user:pass@host:587` or `smtps://…:465`; unset, no mail is sent (docs/email.md). */
+  smtpUrl: string | undefined
+  /** smtp://: refuse to send unless the server offers STARTTLS. Off only for a relay on a trusted network. */
+  smtpRequireTls: boolean
+  /** The From of every message: `gatehouse@example.com` or `"Pipelines" <gatehouse@example.com>`. */
+  mailFrom: string | undefined
+  /** DKIM signing, when all three are set. */
+  mailDkim: { domain: string, selector: string, privateKey: string } | undefined
+  /** A folder whose files override the built-in templates of the same name. */
+  mailTemplatesDir: string | undefined
+  /** Which security notices are mailed to users (docs/email.md#security-notices). */
+  mailNotices: NoticeKind[]
+  /** How often each instance looks for due mail. */
+  mailPollIntervalMs: number
+  /** One SMTP conversation's deadline: connecting, greeting, sending. */
+  mailTimeoutMs: number
+  /** The first retry's delay; each later one doubles, up to mailRetryMaxDelayMs, with jitter. */
+  mailRetryBaseMs: number
+  mailRetryMaxDelayMs: number
+  /** How long a message is retried before it is given up (`mail.failed`). */
+  mailRetryHorizonMs: number
+  /** Run the mail worker here; off, the instance only queues mail (others send it). */
+  mailDelivery: boolean
+  /**
+   * Tests only, never read from the environment: certificates the SMTP client
+   * trusts besides Node's store, for an in-process server under test (a
+   * deployment uses NODE_EXTRA_CA_CERTS, docs/email.md#tls).
+   */
+  smtpTrustForTests: string[] | undefined
 }
+
+/** The security notices, as MAIL_NOTICES names them. */
+export const NOTICE_KINDS = ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'new_device_sign_in'] as const
+export type NoticeKind = typeof NOTICE_KINDS[number]
 
 export class ConfigError extends Error {}
 
@@ -206,7 +247,22 @@ const DEFAULTS: Config = {
   invitationLifetimeMs: 72 * 3_600_000,
   passwordResetLifetimeMs: 3_600_000,
   emailVerificationLifetimeMs: 24 * 3_600_000,
-  passwordResetMaxPerHour: 5
+  passwordResetMaxPerHour: 5,
+  productName: 'gatehouse',
+  publicUrl: undefined,
+  smtpUrl: undefined,
+  smtpRequireTls: true,
+  mailFrom: undefined,
+  mailDkim: undefined,
+  mailTemplatesDir: undefined,
+  mailNotices: [...NOTICE_KINDS],
+  mailPollIntervalMs: 1000,
+  mailTimeoutMs: 30_000,
+  mailRetryBaseMs: 10_000,
+  mailRetryMaxDelayMs: 3_600_000,
+  mailRetryHorizonMs: 2 * 86_400_000,
+  mailDelivery: true,
+  smtpTrustForTests: undefined
 }
 
 /** The minimums that OWASP ASVS 5.0 Appendix C allows for argon2id at t=2. */
@@ -325,6 +381,44 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
     }
   }
   c.oidcRedirectOrigin = str('OIDC_REDIRECT_ORIGIN')
+  c.productName = str('PRODUCT_NAME') ?? c.productName
+  c.publicUrl = str('PUBLIC_URL')
+  c.smtpUrl = str('SMTP_URL')
+  c.smtpRequireTls = bool('SMTP_REQUIRE_TLS', c.smtpRequireTls)
+  c.mailFrom = str('MAIL_FROM')
+  const dkimKeyFile = str('MAIL_DKIM_PRIVATE_KEY_FILE')
+  let dkimKey = str('MAIL_DKIM_PRIVATE_KEY')
+  if (dkimKeyFile !== undefined) {
+    if (dkimKey !== undefined) throw new ConfigError('set MAIL_DKIM_PRIVATE_KEY or MAIL_DKIM_PRIVATE_KEY_FILE, not both')
+    try {
+      dkimKey = readFileSync(dkimKeyFile, 'utf8')
+    } catch (error) {
+      throw new ConfigError(`MAIL_DKIM_PRIVATE_KEY_FILE cannot be read: ${(error as Error).message}`)
+    }
+  }
+  const dkimDomain = str('MAIL_DKIM_DOMAIN')
+  const dkimSelector = str('MAIL_DKIM_SELECTOR')
+  if (dkimDomain !== undefined || dkimSelector !== undefined || dkimKey !== undefined) {
+    if (dkimDomain === undefined || dkimSelector === undefined || dkimKey === undefined) {
+      throw new ConfigError('MAIL_DKIM_DOMAIN, MAIL_DKIM_SELECTOR and MAIL_DKIM_PRIVATE_KEY (or _FILE) go together')
+    }
+    c.mailDkim = { domain: dkimDomain, selector: dkimSelector, privateKey: dkimKey }
+  }
+  c.mailTemplatesDir = str('MAIL_TEMPLATES_DIR')
+  const notices = env.MAIL_NOTICES
+  if (notices !== undefined) {
+    const listed = notices.split(',').map(n => n.trim()).filter(n => n !== '' && n !== 'none')
+    for (const name of listed) {
+      if (!(NOTICE_KINDS as readonly string[]).includes(name)) throw new ConfigError(`MAIL_NOTICES names ${NOTICE_KINDS.join(', ')} (or none), got "${name}"`)
+    }
+    c.mailNotices = [...new Set(listed as NoticeKind[])]
+  }
+  c.mailPollIntervalMs = int('MAIL_POLL_INTERVAL_MS', c.mailPollIntervalMs)
+  c.mailTimeoutMs = int('MAIL_TIMEOUT_MS', c.mailTimeoutMs)
+  c.mailRetryBaseMs = int('MAIL_RETRY_BASE_MS', c.mailRetryBaseMs)
+  c.mailRetryMaxDelayMs = int('MAIL_RETRY_MAX_DELAY_S', c.mailRetryMaxDelayMs / 1000) * 1000
+  c.mailRetryHorizonMs = int('MAIL_RETRY_HORIZON_S', c.mailRetryHorizonMs / 1000) * 1000
+  c.mailDelivery = bool('MAIL_DELIVERY', c.mailDelivery)
   c.ldap = readLdapConfig({ str, bool, int, fail: (message) => { throw new ConfigError(message) } })
   return validate(c)
 }
@@ -395,7 +489,36 @@ function validate (c: Config): Config {
   for (const origin of c.webauthnOrigins) {
     if (!/^https?:\/\/[^/]+$/.test(origin)) throw new ConfigError(`WEBAUTHN_ORIGINS entries look like https://ui.example.com, got "${origin}"`)
   }
+  validateMail(c)
   return Object.freeze(c)
+}
+
+function validateMail (c: Config): void {
+  if (c.publicUrl !== undefined) {
+    let url: URL | undefined
+    try {
+      url = new URL(c.publicUrl)
+    } catch {}
+    if (url === undefined || !/^https?:$/.test(url.protocol) || url.search !== '' || url.hash !== '' || url.username !== '' || c.publicUrl.endsWith('/')) {
+      throw new ConfigError(`PUBLIC_URL looks like https://pipelines.example.com/auth (no trailing slash, query or fragment), got "${c.publicUrl}"`)
+    }
+  }
+  if (c.productName.length > 100 || /[\p{Cc}]/u.test(c.productName)) throw new ConfigError('PRODUCT_NAME must be at most 100 characters, without control characters')
+  if (c.mailTimeoutMs < 1 || c.mailPollIntervalMs < 1 || c.mailRetryBaseMs < 1 || c.mailRetryMaxDelayMs < 1 || c.mailRetryHorizonMs < 1) {
+    throw new ConfigError('MAIL_TIMEOUT_MS, MAIL_POLL_INTERVAL_MS, MAIL_RETRY_BASE_MS, MAIL_RETRY_MAX_DELAY_S and MAIL_RETRY_HORIZON_S must be at least 1')
+  }
+  if (c.smtpUrl === undefined) return
+  let smtp: URL | undefined
+  try {
+    smtp = new URL(c.smtpUrl)
+  } catch {}
+  if (smtp === undefined || !/^smtps?:$/.test(smtp.protocol) || smtp.hostname === '') {
+    throw new ConfigError('SMTP_URL looks like smtp://user:password@mail.example.com:587 or smtps://…:465')
+  }
+  // Links in mail must lead people to where they reach the service, which the service cannot know by itself.
+  if (c.publicUrl === undefined) throw new ConfigError('PUBLIC_URL is required with SMTP_URL: links in mail are built from it')
+  if (c.mailFrom === undefined) throw new ConfigError('MAIL_FROM is required with SMTP_URL')
+  if (/[\r\n]/.test(c.mailFrom)) throw new ConfigError('MAIL_FROM must be one line')
 }
 
 /**

@@ -301,6 +301,27 @@ export interface AccountTokensTable {
   ended_reason: string | null
 }
 
+/** The mail outbox (migration 0014): one row per message. */
+export interface MailOutboxTable {
+  id: string
+  user_id: string | null
+  /** The template's name (docs/email.md#templates). */
+  template: string
+  /** Sealed JSON of the recipient and the template's values; null once sent or given up. */
+  payload: string | null
+  status: 'pending' | 'sent' | 'failed'
+  attempts: number
+  next_attempt_at: Timestamp
+  /** A worker's claim, as in webhook_deliveries: a crashed worker's claim simply runs out. */
+  locked_until: NullableTimestamp
+  lock_token: string | null
+  /** The last attempt's error (the SMTP reply or the connection's failure); never the message. */
+  last_error: string | null
+  created_at: Timestamp
+  /** When it was sent or given up. */
+  finished_at: NullableTimestamp
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -325,6 +346,7 @@ export interface Database {
   oidc_logins: OidcLoginsTable
   idempotency_keys: IdempotencyKeysTable
   account_tokens: AccountTokensTable
+  mail_outbox: MailOutboxTable
 }
 
 export type Db = Kysely<Database>

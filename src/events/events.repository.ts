@@ -2,6 +2,7 @@ import type { Selectable } from 'kysely'
 import type { Db, EventsTable } from '../db/database.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { queueNotices } from '../mail/mail.outbox.ts'
 import { queueDeliveries } from '../webhooks/webhooks.outbox.ts'
 import type { EventType, ListEventsQuery } from './events.schemas.ts'
 
@@ -106,4 +107,6 @@ export async function recordEvent (
   })
   // The webhook outbox, in the same transaction: one statement, whatever the number of endpoints.
   await queueDeliveries(trx, { id, type, at: occurredAt })
+  // The security notices it calls for, mailed later from the same outbox pattern (mail/mail.outbox.ts).
+  await queueNotices(trx, { type, occurredAt, target, data, clientIp: ctx.clientIp })
 }

@@ -14,7 +14,8 @@ export const EVENT_TYPES = [
   'user.invited', 'user.invitation_revoked', 'user.invitation_accepted',
   'user.password_reset_requested', 'user.password_reset',
   'user.email_verification_sent', 'user.email_verified',
-  'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed'
+  'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed',
+  'mail.sent', 'mail.failed'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]
 

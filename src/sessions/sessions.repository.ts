@@ -153,16 +153,8 @@ export async function deleteSignInAddressesBefore (db: Db, before: string): Prom
   return Number(result.numDeletedRows)
 }
 
-/**
- * A secret of the deployment kept in the database, so every instance uses the
- * same one: made by whichever instance asks first, read by the others.
- */
-export async function deploymentSecret (db: Db, name: string, make: () => string): Promise<string> {
-  await db.insertInto('gatehouse_meta').values({ key: name, value: make() })
-    .onConflict(oc => oc.column('key').doNothing()).execute()
-  const row = await db.selectFrom('gatehouse_meta').select('value').where('key', '=', name).executeTakeFirstOrThrow()
-  return row.value
-}
+// Moved below the repositories (db/), so that the mail outbox, which events use, can share it.
+export { deploymentSecret } from '../db/deployment-secrets.ts'
 
 /**
  * Ends a user's sessions (all, or all but the current one) with an event

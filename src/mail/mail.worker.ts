@@ -1,0 +1,250 @@
+import { randomUUID } from 'node:crypto'
+import { isIP } from 'node:net'
+import type { FastifyBaseLogger } from 'fastify'
+import nodemailer, { type Transporter } from 'nodemailer'
+import type SMTPTransport from 'nodemailer/lib/smtp-transport/index.js'
+import { SYSTEM_CONTEXT } from '../auth/principal.ts'
+import type { Config } from '../config.ts'
+import type { Db } from '../db/database.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { publicBase, publicLink } from '../lib/public-url.ts'
+import { mailKey, mailKeyId, onMailQueued, openPayload } from './mail.outbox.ts'
+import { claimMails, completeMail, type MailRow } from './mail.repository.ts'
+import type { MailTemplates } from './mail.templates.ts'
+
+export type MailWorkerSettings = Pick<Config,
+  'smtpUrl' | 'smtpRequireTls' | 'mailFrom' | 'mailDkim' | 'mailTimeoutMs' | 'mailPollIntervalMs' | 'mailRetryBaseMs' |
+  'mailRetryMaxDelayMs' | 'mailRetryHorizonMs' | 'productName' | 'publicUrl' | 'host' | 'port' | 'basePath' | 'smtpTrustForTests'>
+
+export interface MailObservation {
+  outcome: 'sent' | 'retry' | 'failed'
+  /** The SMTP conversation's duration. */
+  seconds: number
+  /** From queueing to this message's sending; undefined unless sent. */
+  lagSeconds: number | undefined
+}
+
+/** Messages one instance sends at once. */
+const CONCURRENCY = 4
+/** After a wake-up finds nothing (the queueing transaction had not committed yet), look again after these delays. */
+const WAKE_RETRIES_MS = [5, 25, 100]
+
+/** The delay before retry number `attempts`: doubling from the base, capped, with jitter. */
+export function mailRetryDelayMs (attempts: number, settings: Pick<MailWorkerSettings, 'mailRetryBaseMs' | 'mailRetryMaxDelayMs'>, random = Math.random()): number {
+  const exponential = Math.min(settings.mailRetryBaseMs * 2 ** Math.min(attempts - 1, 40), settings.mailRetryMaxDelayMs)
+  return Math.round(exponential * (0.5 + random * 0.5))
+}
+
+/** The nodemailer transport SMTP_URL describes (docs/email.md#smtp). */
+export function createTransport (settings: MailWorkerSettings): Transporter<SMTPTransport.SentMessageInfo> {
+  const url = new URL(settings.smtpUrl!)
+  const implicitTls = url.protocol === 'smtps:'
+  const host = url.hostname.replace(/^\[(.*)\]$/, '$1')
+  const options: SMTPTransport.Options = {
+    host,
+    port: url.port !== '' ? Number(url.port) : implicitTls ? 465 : 587,
+    secure: implicitTls,
+    // STARTTLS or nothing: a server that does not offer it (or a man in the middle
+    // who strips the offer) gets no message, and no password.
+    requireTLS: !implicitTls && settings.smtpRequireTls,
+    ...(url.username !== '' ? { auth: { user: decodeURIComponent(url.username), pass: decodeURIComponent(url.password) } } : {}),
+    connectionTimeout: settings.mailTimeoutMs,
+    greetingTimeout: settings.mailTimeoutMs,
+    socketTimeout: settings.mailTimeoutMs,
+    // Node's TLS defaults: its CA store plus NODE_EXTRA_CA_CERTS, host name checked.
+    tls: {
+      // SNI carries names only; an address is checked against the certificate's IP entries.
+      ...(isIP(host) === 0 ? { servername: host } : {}),
+      minVersion: 'TLSv1.2',
+      ...(settings.smtpTrustForTests !== undefined ? { ca: settings.smtpTrustForTests } : {})
+    },
+    ...(settings.mailDkim !== undefined
+      ? { dkim: { domainName: settings.mailDkim.domain, keySelector: settings.mailDkim.selector, privateKey: settings.mailDkim.privateKey } }
+      : {}),
+    disableFileAccess: true,
+    disableUrlAccess: true
+  }
+  return nodemailer.createTransport(options)
+}
+
+interface SendError { message: string, permanent: boolean }
+
+/**
+ * A refusal the server says is final (5xx to the recipient or the message)
+ * gives the message up; anything else (a 4xx, a connection that failed or
+ * stalled, a refused login, which is the deployment's to fix) is retried.
+ */
+function sendErrorOf (error: unknown): SendError {
+  const e = error as { responseCode?: number, command?: string, code?: string, message?: string }
+  const code = e.responseCode
+  const permanent = code !== undefined && code >= 500 && code < 600 && e.command !== 'AUTH PLAIN' && e.command !== 'AUTH LOGIN' && e.code !== 'EAUTH'
+  // The server's reply, or the failure's name: never the message, which may hold a link.
+  const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code).slice(0, 300)}` : `${e.code ?? 'error'}: ${String(e.message ?? '').slice(0, 300)}`
+  return { message, permanent }
+}
+
+/**
+ * Sends queued mail: claims due messages (a lease, so a crashed worker's
+ * claims are taken over once they run out), renders and sends each, and
+ * records the outcome; the payload is erased once a message is sent or given
+ * up. Every instance with SMTP configured runs one; on PostgreSQL they share
+ * the queue through FOR UPDATE SKIP LOCKED.
+ */
+export class MailWorker {
+  readonly #db: Db
+  readonly #settings: MailWorkerSettings
+  readonly #log: FastifyBaseLogger
+  readonly #templates: MailTemplates
+  readonly #transport: Transporter<SMTPTransport.SentMessageInfo>
+  /** Long enough for the slowest SMTP conversation (three timeouts), with room for recording the result. */
+  readonly #leaseMs: number
+  readonly #observers: Array<(observation: MailObservation) => void> = []
+  #key: Buffer | undefined
+  #timer: NodeJS.Timeout | undefined
+  #running: Promise<void> | undefined
+  #stopped = true
+  #unsubscribe: (() => void) | undefined
+  #wakeRetry = WAKE_RETRIES_MS.length
+
+  constructor (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger) {
+    this.#db = db
+    this.#settings = settings
+    this.#templates = templates
+    this.#log = log
+    this.#leaseMs = 3 * settings.mailTimeoutMs + 5000
+    this.#transport = createTransport(settings)
+  }
+
+  onAttempt (observer: (observation: MailObservation) => void): void {
+    this.#observers.push(observer)
+  }
+
+  start (): void {
+    if (!this.#stopped) return
+    this.#stopped = false
+    this.#unsubscribe = onMailQueued(() => { this.#wake() })
+    this.#schedule(0)
+  }
+
+  /** Stops claiming, and waits for the messages in flight (bounded by the SMTP timeouts). */
+  async stop (): Promise<void> {
+    this.#stopped = true
+    this.#unsubscribe?.()
+    clearTimeout(this.#timer)
+    await this.#running
+    this.#transport.close()
+  }
+
+  #wake (): void {
+    if (this.#stopped) return
+    this.#wakeRetry = 0
+    if (this.#running === undefined) this.#schedule(0)
+  }
+
+  #schedule (delayMs: number): void {
+    clearTimeout(this.#timer)
+    if (this.#stopped) return
+    this.#timer = setTimeout(() => {
+      this.#timer = undefined
+      this.#running = this.#cycle().finally(() => { this.#running = undefined; this.#next() })
+    }, delayMs)
+    this.#timer.unref()
+  }
+
+  #next (): void {
+    if (this.#stopped) return
+    if (this.#wakeRetry < WAKE_RETRIES_MS.length) {
+      this.#schedule(WAKE_RETRIES_MS[this.#wakeRetry++]!)
+      return
+    }
+    this.#schedule(this.#settings.mailPollIntervalMs)
+  }
+
+  async #cycle (): Promise<void> {
+    try {
+      this.#key ??= await mailKey(this.#db)
+      while (!this.#stopped) {
+        const now = Date.now()
+        const claimed = await claimMails(this.#db, {
+          now: new Date(now).toISOString(),
+          leaseUntil: new Date(now + this.#leaseMs).toISOString(),
+          token: randomUUID(),
+          limit: CONCURRENCY
+        })
+        if (claimed.length === 0) return
+        this.#wakeRetry = WAKE_RETRIES_MS.length
+        await Promise.all(claimed.map(async mail => {
+          try {
+            await this.#send(mail, this.#key!)
+          } catch (err) {
+            // Left claimed: the lease runs out and the message is tried again.
+            this.#log.warn({ err, mail: mail.id }, 'could not record a mail attempt')
+          }
+        }))
+        if (claimed.length < CONCURRENCY) return
+      }
+    } catch (err) {
+      this.#log.warn({ err }, 'mail cycle failed; will try again')
+    }
+  }
+
+  async #send (mail: MailRow, key: Buffer): Promise<void> {
+    const started = Date.now()
+    let error: SendError | undefined
+    if (mail.payload === null) {
+      error = { message: 'the message has no payload', permanent: true }
+    } else {
+      try {
+        const { to, data } = openPayload(key, mail.id, mail.payload)
+        const rendered = this.#templates.render(mail.template, {
+          ...data,
+          product_name: this.#settings.productName,
+          public_url: publicBase(this.#settings),
+          account_url: publicLink(this.#settings, '/account')
+        })
+        await this.#transport.sendMail({ from: this.#settings.mailFrom, to, subject: rendered.subject, text: rendered.text, html: rendered.html })
+      } catch (caught) {
+        error = caught instanceof Error && caught.name === 'SecretBoxError'
+          ? { message: `the payload does not open with this deployment's mail key (${mailKeyId(key)})`, permanent: true }
+          : sendErrorOf(caught)
+      }
+    }
+    const done = Date.now()
+    const createdAt = new Date(mail.created_at).getTime()
+    const givingUp = error !== undefined && (error.permanent || done >= createdAt + this.#settings.mailRetryHorizonMs)
+    const status = error === undefined ? 'sent' : givingUp ? 'failed' : 'pending'
+    const at = new Date(done).toISOString()
+    const recorded = await this.#db.transaction().execute(async trx => {
+      const ours = await completeMail(trx, mail.id, mail.lock_token!, {
+        status,
+        at,
+        nextAttemptAt: status === 'pending' ? new Date(done + mailRetryDelayMs(mail.attempts + 1, this.#settings)).toISOString() : at,
+        error: error?.message ?? null
+      })
+      if (!ours || status === 'pending') return ours
+      await recordEvent(trx, SYSTEM_CONTEXT, status === 'sent' ? 'mail.sent' : 'mail.failed', mail.user_id !== null ? { type: 'user', id: mail.user_id } : null, {
+        mail_id: mail.id,
+        template: mail.template,
+        attempts: mail.attempts + 1,
+        ...(error !== undefined ? { error: error.message } : {})
+      })
+      return true
+    })
+    if (!recorded) return
+    if (error !== undefined) this.#log.warn({ mail: mail.id, template: mail.template, attempts: mail.attempts + 1, error: error.message, givenUp: givingUp }, 'mail not sent')
+    for (const observe of this.#observers) {
+      observe({
+        outcome: status === 'sent' ? 'sent' : status === 'failed' ? 'failed' : 'retry',
+        seconds: (done - started) / 1000,
+        lagSeconds: status === 'sent' ? (done - createdAt) / 1000 : undefined
+      })
+    }
+  }
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The mail worker; undefined when no SMTP is configured. */
+    mail: MailWorker | undefined
+  }
+}
