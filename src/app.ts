@@ -61,6 +61,10 @@ import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
 import consoleRoutes from './console/console.routes.ts'
 import setupRoutes from './console/setup.ts'
 import landingRoutes from './system/landing.ts'
+import accountRoutes, { ACCOUNT_SCHEMAS } from './account/account.routes.ts'
+import accountPages from './account/account-pages.ts'
+import { BackgroundTasks } from './lib/background.ts'
+import { deleteTokensEndedBefore } from './tokens/tokens.repository.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { deviceKeyOf } from './sessions/device-trust.ts'
@@ -108,7 +112,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at
@@ -271,6 +275,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const dummyHashing = passwords.hash(randomSecret('dummy_'))
   dummyHashing.catch(() => {}) // a failure surfaces at the await below, not as an unhandled rejection meanwhile
   const deviceKey = deviceKeyOf(db)
+  // What a request started and does not wait for (a password-reset request's look-up), finished before the database closes.
+  const background = new BackgroundTasks(app.log)
+  app.addHook('preClose', async () => { await background.drain() })
 
   registerErrorHandling(app)
   for (const schema of [...SHARED_SCHEMAS, ...WEBHOOK_SCHEMAS]) app.addSchema(schema)
@@ -356,6 +363,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
       const mails = await deleteFinishedMailBefore(db, new Date(Date.now() - MAIL_RETENTION_MS).toISOString())
       if (mails > 0) app.log.info({ removed: { mails } }, 'purged mail sent or given up more than 30 days ago')
+      // Invitation, reset and confirmation tokens a day past their end: the event log keeps what happened.
+      await deleteTokensEndedBefore(db, new Date(Date.now() - 86_400_000).toISOString())
       const idempotencyKeys = await purgeIdempotencyKeys(db)
       if (idempotencyKeys > 0) app.log.info({ removed: { idempotencyKeys } }, 'purged idempotency keys older than a day')
     } catch (err) {
@@ -398,6 +407,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(accountRoutes, { db, passwords, failures, config, dummyHash, deviceKey, background })
+    await api.register(accountPages, { db, passwords, failures, config, dummyHash, deviceKey, background })
     await api.register(landingRoutes)
   }, { prefix: config.basePath })
 

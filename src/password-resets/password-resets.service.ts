@@ -9,8 +9,9 @@ import type { PasswordHasher } from '../lib/passwords.ts'
 import type { FailureCounter } from '../sessions/failure-counter.ts'
 import { listIdentitiesOfUser } from '../sso/identities.repository.ts'
 import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
-import { tokenLink } from '../tokens/token-mail.ts'
-import { findLiveToken, findTokenHolder, issueToken, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { issueAndMailToken } from '../tokens/token-mail.ts'
+import { findLiveToken, findTokenHolder, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { isMailSending } from '../mail/mail.outbox.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import { clearSignInLock, findUserById, type UserRow } from '../users/users.repository.ts'
 
@@ -29,7 +30,7 @@ export interface PasswordResetsDeps {
   failures: FailureCounter
   background: BackgroundTasks
   config: Pick<Config, 'passwordSignIn' | 'passwordResetLifetimeMs' | 'passwordResetMaxPerHour' | 'passwordMinLength' | 'passwordMaxLength' |
-  'loginMaxFailuresPerAddress' | 'loginFailureWindowMs' | 'ldap' | 'host' | 'port' | 'basePath'>
+  'loginMaxFailuresPerAddress' | 'loginFailureWindowMs' | 'ldap' | 'publicUrl' | 'host' | 'port' | 'basePath'>
 }
 
 const HOUR_MS = 3_600_000
@@ -99,14 +100,14 @@ async function issueReset (deps: PasswordResetsDeps, ctx: RequestContext, key: s
     await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome })
     return
   }
+  // Without SMTP no link could reach the owner: none is made (an admin sets a password instead).
+  if (!isMailSending(deps.db)) {
+    await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome: 'mail_unavailable' })
+    return
+  }
   await deps.db.transaction().execute(async trx => {
-    const mailed = false
-    // Without SMTP no link could reach the owner: none is made (an admin can set a password instead).
-    if (mailed) {
-      const issued = await issueToken(trx, { userId: user.id, purpose: 'password_reset', email: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
-      tokenLink(deps.config, 'password_reset', issued.token)
-    }
-    await recordEvent(trx, ctx, 'user.password_reset_requested', target, { identifier, outcome: mailed ? 'mailed' : 'mail_unavailable' })
+    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
+    await recordEvent(trx, ctx, 'user.password_reset_requested', target, { identifier, outcome: issued.mailed ? 'mailed' : 'mail_unavailable', expires_at: issued.expiresAt })
   })
 }
 

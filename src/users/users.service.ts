@@ -24,8 +24,8 @@ import {
 import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
 import { PageCache } from './page-cache.ts'
 import type { Config } from '../config.ts'
-import { endLiveTokens, issueToken } from '../tokens/tokens.repository.ts'
-import { tokenLink, type LinkConfig } from '../tokens/token-mail.ts'
+import { endLiveTokens } from '../tokens/tokens.repository.ts'
+import { issueAndMailToken, type LinkConfig } from '../tokens/token-mail.ts'
 import type { UserRow } from './users.repository.ts'
 import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
@@ -119,11 +119,9 @@ function invitationSettings (deps: UsersDeps): InvitationSettings {
  * over; they are never stored or logged.
  */
 async function issueInvitation (trx: Db, ctx: RequestContext, settings: InvitationSettings, user: { id: string, username: string, email: string | null }, resent: boolean): Promise<IssuedInvitation> {
-  const issued = await issueToken(trx, { userId: user.id, purpose: 'invitation', lifetimeMs: settings.invitationLifetimeMs })
-  const url = tokenLink(settings, 'invitation', issued.token)
-  const mailed = false
-  await recordEvent(trx, ctx, 'user.invited', { type: 'user', id: user.id }, { expires_at: issued.expiresAt, mailed, ...(resent ? { resent: true } : {}) })
-  return { mailed, expires_at: issued.expiresAt, ...(mailed ? {} : { url, code: issued.code }) }
+  const { url, code, expiresAt, mailed } = await issueAndMailToken(trx, settings, { userId: user.id, username: user.username, purpose: 'invitation', to: user.email, lifetimeMs: settings.invitationLifetimeMs })
+  await recordEvent(trx, ctx, 'user.invited', { type: 'user', id: user.id }, { expires_at: expiresAt, mailed, ...(resent ? { resent: true } : {}) })
+  return { mailed, expires_at: expiresAt, ...(mailed ? {} : { url, code }) }
 }
 
 /** A pending user's current row, for an invitation operation; 409 when the user is not (or no longer) invited. */
@@ -260,7 +258,16 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
   // hashed before the transaction: a 9 ms hash must not hold a write lock.
   const before = await findUserById(deps.db, id)
   if (before === undefined) throw userNotFound(id)
-  if (!assertSelfEdit(principal, id, patch)) assertMayManage(principal, before, patch.role)
+  if (assertSelfEdit(principal, id, patch)) {
+    // One's own new address takes effect when it confirms (docs/email.md#e-mail-verification-and-change).
+    if (patch.email != null && patch.email.toLowerCase() !== before.email_key) {
+      throw new AppError('forbidden', 403, 'A new address of your own takes effect once confirmed: POST /api/me/email with it, and follow the link mailed there.', {
+        errors: [{ in: 'body', pointer: '/email', detail: 'confirm a new address through POST /api/me/email' }]
+      })
+    }
+  } else {
+    assertMayManage(principal, before, patch.role)
+  }
   assertIfMatch(ifMatch, before.version)
   const passwordHash = patch.password !== undefined
     ? await hashChecked(deps, patch.password, patch.username ?? before.username)
