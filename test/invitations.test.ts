@@ -165,6 +165,37 @@ for (const dialect of dialects()) {
     })
   })
 
+  describe(`invitations in the console without SMTP (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { publicUrl: PUBLIC_URL })
+    const consolePost = async (cookie: string, url: string, fields: Record<string, string>) =>
+      await t.app.inject({ method: 'POST', url, headers: { cookie, origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: new URLSearchParams(fields).toString() })
+
+    it('"Invite user" shows the link once with a copy button; Resend ends it and shows a new one; Revoke ends that', async () => {
+      const adminName = uniqueName('admin')
+      await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: adminName, password: GOOD_PASSWORD, role: 'admin' } })
+      const cookie = `gatehouse_session=${(await login(t, adminName, GOOD_PASSWORD)).json().token}`
+      const username = uniqueName('cons')
+      const created = await consolePost(cookie, '/auth/admin/users', { username, email: `${username}@example.test`, role: 'user', invite: 'true' })
+      assert.equal(created.statusCode, 201, created.body)
+      const linkOf = (html: string): string => /<code id="invitation-link">([^<]+)<\/code>/.exec(html)![1]!.replace(/&#38;/g, '&')
+      const first = linkOf(created.body)
+      assert.ok(first.startsWith(`${PUBLIC_URL}/invitation?token=ght_`), first)
+      assert.match(created.body, /data-copy="invitation-link"/)
+      assert.match(created.body, /Invitation pending/)
+      const id = /<code id="user-id">([^<]+)<\/code>/.exec(created.body)![1]!
+      const page = await t.app.inject({ url: `/auth/admin/users/${id}`, headers: { cookie } })
+      assert.doesNotMatch(page.body, /invitation-link/, 'the link is not shown again')
+      const resent = await consolePost(cookie, `/auth/admin/users/${id}/invitation`, {})
+      assert.equal(resent.statusCode, 200, resent.body)
+      const second = linkOf(resent.body)
+      assert.notEqual(second, first)
+      assert.equal((await accept(t, { token: linkParts(first).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
+      const revoked = await consolePost(cookie, `/auth/admin/users/${id}/invitation/revoke`, {})
+      assert.equal(revoked.statusCode, 303)
+      assert.equal((await accept(t, { token: linkParts(second).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
+    })
+  })
+
   describe(`invitations under MFA_REQUIRED=all (${dialect.name})`, () => {
     const t = useTestApp(dialect, { mfaRequired: 'all' })
 

@@ -154,11 +154,12 @@ ${view.nextCursor !== undefined ? html`<a href="${list}${queryOf({ ...filters, c
   return layout(ctx, 'Users', 'users', body)
 }
 
-export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: FieldErrors, general?: string): string {
+export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: FieldErrors, general?: string, invite = false): string {
   const body = html`<h1>Create a user</h1>
 ${errorSummary(errors, general)}
 <form class="panel" method="post" action="${ctx.base}/admin/users" novalidate>
 ${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username.')}
+<div class="field"><label class="check"><input type="checkbox" name="invite" value="true"${invite ? html` checked` : ''}> Invite user: leave the password empty, and they choose their own (by a link mailed to them or, without mail, one you hand over)</label></div>
 <div class="actions"><button type="submit">Create user</button><a href="${ctx.base}/admin/users">Cancel</a></div>
 </form>`
   return layout(ctx, 'Create a user', 'users', body)
@@ -201,6 +202,8 @@ export interface UserView {
   /** Why an action was refused (the last-admin rule), shown above the actions. */
   blocked?: string | undefined
   created?: boolean
+  /** An invitation just issued and not mailed: its link and code, shown this once to hand over. */
+  invitation?: { url: string, code: string, expires_at: string } | undefined
 }
 
 /** How a value in an event's data reads: lists joined, nothing as a dash, secrets as the API shows them ("[redacted]"). */
@@ -285,10 +288,23 @@ ${view.created === true
 ? html`<section class="panel" aria-labelledby="db-title"><h2 id="db-title">Next, if they need one: the database user</h2>
 <p>gatehouse keeps its own accounts only. If ${user.username} also needs an account in the service's relational database, run:</p>${dbUserCommand(user.username, 'create')}</section>`
 : ''}
+${view.invitation !== undefined
+? html`<section class="panel" aria-labelledby="invite-link-title"><h2 id="invite-link-title">Invitation link for ${user.username}</h2>
+<p>No mail is sent here (no SMTP_URL): hand this link to ${user.username} yourself. It is shown this once, works once, until ${date(view.invitation.expires_at)}.</p>
+<div class="secret"><code id="invitation-link">${view.invitation.url}</code><button type="button" data-copy="invitation-link" hidden>Copy link</button></div>
+<p>Or they open the invitation page and type their username and the code <code id="invitation-code">${view.invitation.code}</code>.</p></section>`
+: ''}
+${user.invitation_pending
+? html`<section class="panel" aria-labelledby="invitation-title"><h2 id="invitation-title">Invitation pending</h2>
+<p>${user.username} has not accepted the invitation yet, and cannot sign in until they do. Resending makes a new link and code; the earlier ones stop working.</p>
+<div class="actions"><form method="post" action="${url}/invitation"><button type="submit">Resend invitation</button></form>
+<form method="post" action="${url}/invitation/revoke"><button type="submit" class="secondary">Revoke invitation</button></form></div></section>`
+: ''}
 <section class="panel" aria-labelledby="facts-title"><h2 id="facts-title">Account</h2>
 <dl class="facts">
 <dt>ID</dt><dd><code id="user-id">${user.id}</code></dd>
-<dt>Status</dt><dd>${user.disabled ? 'disabled' : 'enabled'}</dd>
+<dt>Status</dt><dd>${user.disabled ? 'disabled' : 'enabled'}${user.invitation_pending ? '; invited, not yet accepted' : ''}</dd>
+<dt>Email</dt><dd>${user.email === null ? 'none' : html`${user.email} (${user.email_verified ? 'confirmed' : 'not confirmed'})`}</dd>
 <dt>Created</dt><dd>${date(user.created_at)}</dd>
 <dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
 <dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
