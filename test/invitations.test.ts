@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import { after, describe, it } from 'node:test'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
+import { listen, runCli } from './cli-helpers.ts'
 
 const smtp = await SmtpTestServer.start()
 after(async () => { await smtp.close() })
@@ -192,6 +193,29 @@ for (const dialect of dialects()) {
       assert.equal((await accept(t, { token: linkParts(first).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
       const revoked = await consolePost(cookie, `/auth/admin/users/${id}/invitation/revoke`, {})
       assert.equal(revoked.statusCode, 303)
+      assert.equal((await accept(t, { token: linkParts(second).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
+    })
+  })
+
+  describe(`gatehouse users invite without SMTP (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { publicUrl: PUBLIC_URL })
+
+    it('prints the link and code to hand over; --resend prints a new one and ends the first; --revoke ends that', async () => {
+      const env = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
+      const username = uniqueName('cli')
+      const invited = await runCli(['users', 'invite', username, '--email', `${username}@example.test`], { env })
+      assert.equal(invited.code, 0, invited.stderr)
+      assert.match(invited.stdout, new RegExp(`^Invited ${username} \\(`, 'm'))
+      const first = /^(https:\/\/\S+)$/m.exec(invited.stdout)![1]!
+      assert.ok(first.startsWith(`${PUBLIC_URL}/invitation?token=ght_`), invited.stdout)
+      assert.match(invited.stdout, /the code [A-Z0-9]{4}-[A-Z0-9]{4} at the invitation page/)
+      const resent = await runCli(['users', 'invite', username, '--resend', '--json'], { env })
+      assert.equal(resent.code, 0, resent.stderr)
+      const second = JSON.parse(resent.stdout).invitation.url as string
+      assert.notEqual(second, first)
+      assert.equal((await accept(t, { token: linkParts(first).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
+      const revoked = await runCli(['users', 'invite', username, '--revoke'], { env })
+      assert.equal(revoked.code, 0, revoked.stderr)
       assert.equal((await accept(t, { token: linkParts(second).token, password: GOOD_PASSWORD })).json().code, 'token_invalid')
     })
   })

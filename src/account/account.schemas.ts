@@ -18,7 +18,7 @@ export const EmailVerificationRequest = Type.Object({
 export type EmailVerificationRequest = Static<typeof EmailVerificationRequest>
 
 export const EmailVerificationSent = Type.Object({
-  email: Type.String({ maxLength: 254, description: 'Where the link and code were mailed.' }),
+  email: Type.String({ format: 'email', maxLength: 254, description: 'Where the link and code were mailed.' }),
   expires_at: Timestamp({ description: 'When they stop working (EMAIL_VERIFICATION_LIFETIME_HOURS, default 24 h).' })
 }, { $id: 'EmailVerificationSent', additionalProperties: false })
 

@@ -1,9 +1,10 @@
 import { Type, type Static } from 'typebox'
 import { TokenProofFields } from '../tokens/tokens.schemas.ts'
+import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
 export const PasswordResetRequest = Type.Object({
-  email: Type.Optional(Type.String({ minLength: 1, maxLength: 254, description: 'The account\'s address, ignoring case.', examples: ['ada@example.com'] })),
-  username: Type.Optional(Type.String({ minLength: 1, maxLength: 254, description: 'Or the account\'s username, ignoring case.' }))
+  email: Type.Optional(Type.String({ format: 'email', maxLength: 254, description: 'The account\'s address, ignoring case.', examples: ['ada@example.com'] })),
+  username: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: USERNAME_PATTERN, description: 'Or the account\'s username, ignoring case.' }))
 }, {
   $id: 'PasswordResetRequest',
   additionalProperties: false,
@@ -16,7 +17,7 @@ export const PASSWORD_RESET_ACCEPTED_TEXT = 'If an account with a password match
 
 export const PasswordResetAccepted = Type.Object({
   status: Type.Literal('accepted'),
-  detail: Type.String({ maxLength: 256, examples: [PASSWORD_RESET_ACCEPTED_TEXT] })
+  detail: Type.Literal(PASSWORD_RESET_ACCEPTED_TEXT)
 }, { $id: 'PasswordResetAccepted', additionalProperties: false, description: 'The same answer whether or not an account matched.' })
 
 export const PasswordResetCompletion = Type.Object({
