@@ -108,6 +108,23 @@ for (const dialect of dialects()) {
       assert.equal(byAdmin.json().email_verified, false, 'a changed address is unverified')
     })
 
+    it('the account page shows the address\'s state and mails a confirmation to a new address', async () => {
+      const user = await signedInUser(t)
+      const cookie = `gatehouse_session=${user.bearer.authorization!.slice('Bearer '.length)}`
+      const page = await t.app.inject({ url: '/auth/account', headers: { cookie } })
+      assert.equal(page.statusCode, 200)
+      assert.match(page.body, new RegExp(`<strong>${user.email}</strong>: not confirmed`))
+      const newEmail = `page_${uniqueName()}@example.test`
+      const posted = await t.app.inject({ method: 'POST', url: '/auth/account/email', headers: { cookie, origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: `email=${encodeURIComponent(newEmail)}` })
+      assert.equal(posted.statusCode, 202, posted.body)
+      assert.match(posted.body, new RegExp(`A confirmation link was mailed to ${newEmail}`))
+      const { token } = await confirmationMail(newEmail)
+      const confirmed = await t.app.inject({ method: 'POST', url: '/auth/verify-email', headers: { origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: `token=${token}` })
+      assert.equal(confirmed.statusCode, 200, confirmed.body)
+      assert.match(confirmed.body, /is now the confirmed address/)
+      assert.equal((await readUser(t, user.id)).email, newEmail)
+    })
+
     it('refuses an expired confirmation', async () => {
       const user = await signedInUser(t)
       await t.app.inject({ method: 'POST', url: '/auth/api/me/email', headers: user.bearer, payload: {} })
