@@ -42,7 +42,7 @@ import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
 import webhooksRoutes from './webhooks/webhooks.routes.ts'
 import { WebhookWorker } from './webhooks/webhooks.worker.ts'
 import { purgeWebhookHistory } from './webhooks/webhooks.service.ts'
-import { MailPolicyPlugin } from './mail/mail.outbox.ts'
+import { mailKeyOf, MailPolicyPlugin } from './mail/mail.outbox.ts'
 import { deleteFinishedMailBefore } from './mail/mail.repository.ts'
 import { MailTemplates } from './mail/mail.templates.ts'
 import { MailWorker } from './mail/mail.worker.ts'
@@ -203,7 +203,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const credentials = new CredentialCache(config.credentialCacheTtlMs, !isPostgres(ownDb))
   // Whether mail is queued, and which notices, travels on the handle into every transaction (mail/mail.outbox.ts).
   const db = ownDb.withPlugin(writesPlugin(credentials))
-    .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices) }))
+    .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices), sealKey: mailKeyOf(config.mfaEncryptionKey) }))
   const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
   app.addHook('preClose', stopWatching)
   if (options.migrate !== false) {
@@ -233,6 +233,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('mail', mail)
   if (mail !== undefined && config.mailDelivery) app.addHook('onReady', async () => { mail.start() })
   if (mail !== undefined) app.addHook('preClose', async () => { await mail.stop() })
+  if (mailTemplates !== undefined && mailTemplates.unused.length > 0) {
+    app.log.warn({ files: mailTemplates.unused }, 'MAIL_TEMPLATES_DIR holds files that match no mail template; they are ignored (docs/email.md#templates)')
+  }
   if (mail === undefined) app.log.info('no SMTP_URL: no mail is sent, and security notices are not queued (docs/email.md#without-smtp)')
   const redis = config.redisUrl !== undefined
     // Imported only when configured: ioredis is a tenth of start-up's module loading.

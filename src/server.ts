@@ -22,7 +22,17 @@ export async function startServer (): Promise<void> {
     throw error
   }
 
-  const app = await buildApp({ config })
+  let app
+  try {
+    app = await buildApp({ config })
+  } catch (error) {
+    // What buildApp reads besides the environment (MAIL_TEMPLATES_DIR's templates) can be a configuration mistake too.
+    if (error instanceof ConfigError) {
+      process.stderr.write(`gatehouse: ${error.message}\n`)
+      process.exit(2)
+    }
+    throw error
+  }
   try {
     await registerConfiguredAdmins(app.db, app.passwords, config, app.log)
   } catch (error) {

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto'
+import { hkdfSync, randomBytes } from 'node:crypto'
 import { EventEmitter } from 'node:events'
 import type { KyselyPlugin, PluginTransformQueryArgs, PluginTransformResultArgs, QueryResult, RootOperationNode, UnknownRow } from 'kysely'
 import type { NoticeKind } from '../config.ts'
@@ -6,7 +6,7 @@ import type { Db } from '../db/database.ts'
 import { deploymentSecret } from '../db/deployment-secrets.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { deviceOf } from '../lib/user-agent.ts'
-import { keyId, open, seal } from '../mfa/secret-box.ts'
+import { keyId, open, seal, SecretBoxError } from '../mfa/secret-box.ts'
 import { findMailRecipient, findSessionOrigin, insertMail } from './mail.repository.ts'
 import { TEMPLATE_NAMES } from './mail.templates.ts'
 
@@ -26,6 +26,8 @@ export interface MailPolicy {
   /** SMTP is configured: mail is queued (and sent by some instance's worker). */
   readonly sending: boolean
   readonly notices: ReadonlySet<NoticeKind>
+  /** The key payloads are sealed under when the deployment has one outside the database (mailKeyOf); else the database's own. */
+  readonly sealKey: Buffer | undefined
 }
 
 export class MailPolicyPlugin implements KyselyPlugin {
@@ -58,14 +60,21 @@ export function onMailQueued (listener: () => void): () => void {
 }
 
 /**
- * The key that seals payloads: a secret of the deployment (gatehouse_meta),
- * so that what a message carries (a one-time link, the address) is not
- * readable in the outbox table, in an export of it or in a query log; it is
- * erased from the row once the message is sent or given up.
+ * The keys that seal payloads, so that what a message carries (a one-time
+ * link, the address) is not readable in the outbox table, in an export of it
+ * or in a query log; it is erased from the row once the message is sent or
+ * given up. With MFA_ENCRYPTION_KEY, which lives in the configuration and
+ * never in the database, the key is derived from it (HKDF, its own label), and
+ * a dump of the database alone opens nothing. Without it, a secret of the
+ * deployment kept in gatehouse_meta.
  */
 const KEY_NAME = 'mail_payload_key'
-export async function mailKey (db: Db): Promise<Buffer> {
+export async function databaseMailKey (db: Db): Promise<Buffer> {
   return Buffer.from(await deploymentSecret(db, KEY_NAME, () => randomBytes(32).toString('base64url')), 'base64url')
+}
+
+export function mailKeyOf (mfaEncryptionKey: Buffer | undefined): Buffer | undefined {
+  return mfaEncryptionKey === undefined ? undefined : Buffer.from(hkdfSync('sha256', mfaEncryptionKey, Buffer.alloc(0), 'gatehouse mail payload v1', 32))
 }
 
 /** What a sealed payload holds. */
@@ -77,11 +86,17 @@ export interface MailPayload {
 /** The context a payload is sealed for: its own row, so a payload copied onto another message does not open. */
 const contextOf = (id: string): string => `mail:${id}`
 
-export function openPayload (key: Buffer, id: string, sealed: string): MailPayload {
+/**
+ * Opens a payload with whichever of `keys` sealed it (the key id is part of
+ * the sealed value), so messages queued before MFA_ENCRYPTION_KEY was set
+ * still go out after it is. A SecretBoxError when none did.
+ */
+export function openPayload (keys: Buffer[], id: string, sealed: string): MailPayload {
+  const sealedBy = sealed.split('.')[1]
+  const key = keys.find(k => keyId(k) === sealedBy)
+  if (key === undefined) throw new SecretBoxError('sealed under a key this deployment no longer has')
   return JSON.parse(open(key, sealed, contextOf(id))) as MailPayload
 }
-
-export { keyId as mailKeyId }
 
 export interface MailRequest {
   /** The recipient's address. */
@@ -101,14 +116,15 @@ export interface MailRequest {
  */
 export async function enqueueMail (trx: Db, mail: MailRequest): Promise<boolean> {
   if (!TEMPLATE_NAMES.has(mail.template)) throw new Error(`there is no mail template ${mail.template}`)
-  if (mailPolicyOf(trx)?.sending !== true) return false
+  const policy = mailPolicyOf(trx)
+  if (policy?.sending !== true) return false
   const id = newId()
   const payload: MailPayload = { to: mail.to, data: mail.data }
   await insertMail(trx, {
     id,
     user_id: mail.userId ?? null,
     template: mail.template,
-    payload: seal(await mailKey(trx), JSON.stringify(payload), contextOf(id)),
+    payload: seal(policy.sealKey ?? await databaseMailKey(trx), JSON.stringify(payload), contextOf(id)),
     created_at: nowIso()
   })
   queued.emit('queued')

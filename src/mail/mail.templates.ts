@@ -2,6 +2,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import Mustache from 'mustache'
+import { ConfigError } from '../config.ts'
 
 /**
  * Mail templates (docs/email.md#templates): each message is three Mustache
@@ -9,8 +10,8 @@ import Mustache from 'mustache'
  * src/mail/assets/mail-templates/ (copied to dist/assets/ by the build). A
  * file of the same name in MAIL_TEMPLATES_DIR replaces the built-in one. In
  * the HTML part `{{value}}` is HTML-escaped (`{{{value}}}` is not, and is for
- * nothing a person typed); the subject and the text part are not escaped,
- * being plain text, and the subject is one line.
+ * nothing a person typed; values go in double-quoted attributes); the subject
+ * and the text part are plain text, not escaped, and the subject is one line.
  */
 export const TEMPLATE_PARTS = ['subject', 'txt', 'html'] as const
 type Part = typeof TEMPLATE_PARTS[number]
@@ -31,9 +32,13 @@ export const TEMPLATE_NAMES: ReadonlySet<string> = new Set(namesIn(BUILT_IN_DIR)
 
 export interface RenderedMail { subject: string, text: string, html: string }
 
-export class TemplateError extends Error {}
+/** A template that is missing or does not parse: a configuration mistake, reported as one at start. */
+export class TemplateError extends ConfigError {}
 
 const plain = (value: unknown): string => String(value)
+const HTML_ENTITIES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }
+/** The five characters that matter in text and in quoted attributes; Mustache's own also encodes `/` and `=`, which mangles links for no gain. */
+const html = (value: unknown): string => String(value).replace(/[&<>"']/g, c => HTML_ENTITIES[c]!)
 
 /** The templates of one deployment, read once at start-up, overrides first. */
 export class MailTemplates {
@@ -83,7 +88,7 @@ export class MailTemplates {
       // One line: a value with a line break must not start a header of its own.
       subject: Mustache.render(parts.subject, view, {}, { escape: plain }).replace(/\s+/g, ' ').trim(),
       text: Mustache.render(parts.txt, view, {}, { escape: plain }),
-      html: Mustache.render(parts.html, view)
+      html: Mustache.render(parts.html, view, {}, { escape: html })
     }
   }
 }

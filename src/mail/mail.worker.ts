@@ -1,5 +1,4 @@
 import { randomUUID } from 'node:crypto'
-import { isIP } from 'node:net'
 import type { FastifyBaseLogger } from 'fastify'
 import nodemailer, { type Transporter } from 'nodemailer'
 import type SMTPTransport from 'nodemailer/lib/smtp-transport/index.js'
@@ -8,13 +7,14 @@ import type { Config } from '../config.ts'
 import type { Db } from '../db/database.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { publicBase, publicLink } from '../lib/public-url.ts'
-import { mailKey, mailKeyId, onMailQueued, openPayload } from './mail.outbox.ts'
+import { databaseMailKey, mailKeyOf, onMailQueued, openPayload } from './mail.outbox.ts'
 import { claimMails, completeMail, type MailRow } from './mail.repository.ts'
-import type { MailTemplates } from './mail.templates.ts'
+import { TemplateError, type MailTemplates } from './mail.templates.ts'
+import { SecretBoxError } from '../mfa/secret-box.ts'
 
 export type MailWorkerSettings = Pick<Config,
   'smtpUrl' | 'smtpRequireTls' | 'mailFrom' | 'mailDkim' | 'mailTimeoutMs' | 'mailPollIntervalMs' | 'mailRetryBaseMs' |
-  'mailRetryMaxDelayMs' | 'mailRetryHorizonMs' | 'productName' | 'publicUrl' | 'host' | 'port' | 'basePath' | 'smtpTrustForTests'>
+  'mailRetryMaxDelayMs' | 'mailRetryHorizonMs' | 'productName' | 'publicUrl' | 'host' | 'port' | 'basePath' | 'smtpTrustForTests' | 'mfaEncryptionKey'>
 
 export interface MailObservation {
   outcome: 'sent' | 'retry' | 'failed'
@@ -51,10 +51,8 @@ export function createTransport (settings: MailWorkerSettings): Transporter<SMTP
     connectionTimeout: settings.mailTimeoutMs,
     greetingTimeout: settings.mailTimeoutMs,
     socketTimeout: settings.mailTimeoutMs,
-    // Node's TLS defaults: its CA store plus NODE_EXTRA_CA_CERTS, host name checked.
+    // Node's TLS defaults (nodemailer adds no CAs of its own): Node's CA store plus NODE_EXTRA_CA_CERTS, the host name checked.
     tls: {
-      // SNI carries names only; an address is checked against the certificate's IP entries.
-      ...(isIP(host) === 0 ? { servername: host } : {}),
       minVersion: 'TLSv1.2',
       ...(settings.smtpTrustForTests !== undefined ? { ca: settings.smtpTrustForTests } : {})
     },
@@ -99,7 +97,8 @@ export class MailWorker {
   /** Long enough for the slowest SMTP conversation (three timeouts), with room for recording the result. */
   readonly #leaseMs: number
   readonly #observers: Array<(observation: MailObservation) => void> = []
-  #key: Buffer | undefined
+  /** The keys payloads may be sealed under: the configured one first, then the database's. */
+  #keys: Buffer[] | undefined
   #timer: NodeJS.Timeout | undefined
   #running: Promise<void> | undefined
   #stopped = true
@@ -162,7 +161,10 @@ export class MailWorker {
 
   async #cycle (): Promise<void> {
     try {
-      this.#key ??= await mailKey(this.#db)
+      if (this.#keys === undefined) {
+        const configured = mailKeyOf(this.#settings.mfaEncryptionKey)
+        this.#keys = [...(configured !== undefined ? [configured] : []), await databaseMailKey(this.#db)]
+      }
       while (!this.#stopped) {
         const now = Date.now()
         const claimed = await claimMails(this.#db, {
@@ -175,7 +177,7 @@ export class MailWorker {
         this.#wakeRetry = WAKE_RETRIES_MS.length
         await Promise.all(claimed.map(async mail => {
           try {
-            await this.#send(mail, this.#key!)
+            await this.#send(mail, this.#keys!)
           } catch (err) {
             // Left claimed: the lease runs out and the message is tried again.
             this.#log.warn({ err, mail: mail.id }, 'could not record a mail attempt')
@@ -188,14 +190,14 @@ export class MailWorker {
     }
   }
 
-  async #send (mail: MailRow, key: Buffer): Promise<void> {
+  async #send (mail: MailRow, keys: Buffer[]): Promise<void> {
     const started = Date.now()
     let error: SendError | undefined
     if (mail.payload === null) {
       error = { message: 'the message has no payload', permanent: true }
     } else {
       try {
-        const { to, data } = openPayload(key, mail.id, mail.payload)
+        const { to, data } = openPayload(keys, mail.id, mail.payload)
         const rendered = this.#templates.render(mail.template, {
           ...data,
           product_name: this.#settings.productName,
@@ -204,9 +206,9 @@ export class MailWorker {
         })
         await this.#transport.sendMail({ from: this.#settings.mailFrom, to, subject: rendered.subject, text: rendered.text, html: rendered.html })
       } catch (caught) {
-        error = caught instanceof Error && caught.name === 'SecretBoxError'
-          ? { message: `the payload does not open with this deployment's mail key (${mailKeyId(key)})`, permanent: true }
-          : sendErrorOf(caught)
+        error = caught instanceof SecretBoxError
+          ? { message: `the payload does not open: ${caught.message}`, permanent: true }
+          : caught instanceof TemplateError ? { message: caught.message, permanent: true } : sendErrorOf(caught)
       }
     }
     const done = Date.now()

@@ -10,9 +10,9 @@ import { digestOf, randomSecret } from '../lib/secrets.ts'
 import { deviceOf } from '../lib/user-agent.ts'
 import { findPublicUserById, findUserById, toUser } from '../users/users.repository.ts'
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
-import { issueDeviceToken } from './device-trust.ts'
+import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
 import {
-  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, insertSession,
+  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom, insertSession,
   listLiveSessionsOfUser, markSessionReauthenticated, recordSignInAddress, touchSession
 } from './sessions.repository.ts'
 import { MAX_LISTED_SESSIONS, type SessionSummary } from './sessions.schemas.ts'
@@ -27,6 +27,23 @@ const TOUCH_INTERVAL_MS = 60_000
 /** The one answer to every failed sign-in: unknown user, wrong password, disabled or locked account alike. */
 export function invalidCredentials (): AppError {
   return new AppError('invalid_credentials', 401, 'The username or password is not right, or this account cannot sign in.')
+}
+
+/**
+ * Whether a sign-in comes from a new device, for the notice of that name
+ * (docs/email.md#new-device): the browser holds no device token of this
+ * account, the account was not signed in to from this address within
+ * LOGIN_KNOWN_CLIENT_DAYS, and it has been signed in to before (the first
+ * sign-in of an account is not news to its owner). Only asked while the
+ * notice is on: without it the sign-in pays for none of these reads.
+ */
+async function isNewDevice (deps: SessionsDeps, ctx: SignInContext, userId: string, now: Date): Promise<boolean> {
+  const { config } = deps
+  if (config.smtpUrl === undefined || !config.mailNotices.includes('new_device_sign_in') || config.loginKnownClientDays === 0) return false
+  const maxAgeMs = config.loginKnownClientDays * 86_400_000
+  if (isDeviceOf(await deps.deviceKey(), ctx.deviceToken, userId, maxAgeMs, now)) return false
+  if (ctx.clientIp !== null && await hasSignedInFrom(deps.db, userId, ctx.clientIp, new Date(now.getTime() - maxAgeMs).toISOString())) return false
+  return (await findUserById(deps.db, userId))?.last_login_at != null
 }
 
 /**
@@ -53,6 +70,7 @@ export async function openSession (
   }
 ): Promise<SignIn> {
   const { locked, rehash, now } = options
+  const newDevice = await isNewDevice(deps, ctx, userId, now)
   const token = randomSecret(SESSION_TOKEN_PREFIX)
   const sessionId = newId()
   const at = now.toISOString()
@@ -87,6 +105,7 @@ export async function openSession (
       ...(options.mfa !== undefined ? { mfa: options.mfa } : {}),
       ...(options.passwordless === true ? { passwordless: true } : {}),
       ...(options.via !== undefined ? { via: options.via } : {}),
+      ...(newDevice ? { new_device: true } : {}),
       ...options.note
     })
     return updated

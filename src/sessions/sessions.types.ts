@@ -12,7 +12,8 @@ export interface SessionsDeps {
   failures: FailureCounter
   config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
   'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' |
-  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs'>
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs' |
+  'smtpUrl' | 'mailNotices'>
   /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
   dummyHash: string
   /** Signs device tokens (see device-trust.ts); the same for every instance. */

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify'
 import fp from 'fastify-plugin'
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client'
+import { countMailsByStatus } from '../mail/mail.repository.ts'
 import { countDeliveriesByStatus } from '../webhooks/webhooks.repository.ts'
 import { problems } from '../lib/openapi.ts'
 
@@ -81,6 +82,41 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     attempts.inc({ outcome })
     attemptDuration.observe(seconds)
     if (lagSeconds !== undefined) deliveryLag.observe(lagSeconds)
+  })
+
+  // Mail: the outbox too is shared by every instance.
+  let mailQueue: Promise<{ pending: number, failed: number }> | undefined
+  const readMailQueue = async (): Promise<{ pending: number, failed: number }> => {
+    mailQueue ??= countMailsByStatus(app.db).finally(() => { mailQueue = undefined })
+    return await mailQueue
+  }
+  registry.registerMetric(new Gauge({
+    name: 'gatehouse_mail_pending',
+    help: 'Mail queued or being retried, across all instances.',
+    registers: [],
+    async collect () { this.set((await readMailQueue()).pending) }
+  }))
+  registry.registerMetric(new Gauge({
+    name: 'gatehouse_mail_failed',
+    help: 'Mail given up (refused for good, or past MAIL_RETRY_HORIZON_S) and still in the outbox, across all instances.',
+    registers: [],
+    async collect () { this.set((await readMailQueue()).failed) }
+  }))
+  const mailAttempts = new Counter({
+    name: 'gatehouse_mail_attempts_total',
+    help: 'SMTP sends tried by this instance, by outcome: sent, retry (to be tried again), failed (given up).',
+    labelNames: ['outcome'] as const,
+    registers: [registry]
+  })
+  const mailLag = new Histogram({
+    name: 'gatehouse_mail_send_lag_seconds',
+    help: 'From queueing a message to its sending (this instance): waiting, retries and the SMTP conversation.',
+    buckets: [0.05, 0.1, 0.25, 0.5, 1, 5, 30, 300, 3600, 86_400],
+    registers: [registry]
+  })
+  app.mail?.onAttempt(({ outcome, lagSeconds }) => {
+    mailAttempts.inc({ outcome })
+    if (lagSeconds !== undefined) mailLag.observe(lagSeconds)
   })
 
   app.addHook('onResponse', async (request, reply) => {
