@@ -154,6 +154,33 @@ for (const dialect of dialects()) {
       assert.equal((await accept(t, { token: linkParts(guessed.invitation!.url!).token, password: GOOD_PASSWORD })).json().code, 'token_invalid', 'nor does the link')
     })
 
+    it('a retry with the same Idempotency-Key gets the user and invitation without the link, which is stored nowhere', async () => {
+      const username = uniqueName('idem')
+      const send = async () => await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: { ...auth(t.adminKey), 'idempotency-key': `invite-${username}` }, payload: { username, invite: true } })
+      const first = await send()
+      assert.equal(first.statusCode, 201, first.body)
+      const { token } = linkParts(first.json().invitation.url)
+      const retry = await send()
+      assert.equal(retry.statusCode, 201)
+      assert.equal(retry.headers['idempotent-replayed'], 'true')
+      assert.equal(retry.json().id, first.json().id)
+      assert.deepEqual(retry.json().invitation, { mailed: false, expires_at: first.json().invitation.expires_at })
+      const stored = await t.app.db.selectFrom('idempotency_keys').select('response_body').where('key', '=', `invite-${username}`).executeTakeFirstOrThrow()
+      assert.ok(!Buffer.from(stored.response_body!).toString('utf8').includes(token), 'the token is not in the stored answer')
+      assert.equal((await accept(t, { token, password: GOOD_PASSWORD })).statusCode, 200, 'the link handed out first still works')
+    })
+
+    it('an admin setting a password ends the invitation; an import cannot invite', async () => {
+      const user = await invite(t)
+      const set = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' }, payload: JSON.stringify({ password: GOOD_PASSWORD }) })
+      assert.equal(set.statusCode, 200, set.body)
+      assert.equal(set.json().invitation_pending, false)
+      assert.equal((await accept(t, { token: linkParts(user.invitation!.url!).token, password: `${GOOD_PASSWORD} 2` })).json().code, 'token_invalid')
+      assert.equal((await login(t, user.username, GOOD_PASSWORD)).statusCode, 200)
+      const imported = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users: [{ username: uniqueName(), invite: true }] } })
+      assert.equal(imported.statusCode, 422)
+    })
+
     it('invites an existing user who has no password yet', async () => {
       const username = uniqueName()
       const created = (await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username } })).json()

@@ -226,7 +226,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
-  if (old.invitation_pending && update.invitation_pending === false) await endLiveTokens(trx, id, 'invitation', changes.password_hash !== undefined ? 'used' : 'revoked')
+  if (old.invitation_pending && update.invitation_pending === false) await endLiveTokens(trx, id, 'invitation', changes.password_hash !== undefined ? 'password_set' : 'revoked')
   if (update.email !== undefined) await endLiveTokens(trx, id, 'email_verification', 'replaced')
   // A reset link mailed before a new password was set must not undo it.
   if (changes.password_hash !== undefined) await endLiveTokens(trx, id, 'password_reset', 'password_changed')

@@ -21,6 +21,7 @@ import {
   UserPatch
 } from './users.schemas.ts'
 import { AppError } from '../errors.ts'
+import { replayWith } from '../idempotency/idempotency.plugin.ts'
 import {
   createUser,
   deleteUserById,
@@ -158,6 +159,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       preValidation: coerceForm
     }, async (request, reply) => {
       const { user, version, invitation } = await createUser(deps, request.principal!, requestContext(request), request.body)
+      // A retry is answered without the link and code: they are never stored (resend for a new one).
+      if (invitation?.url !== undefined) replayWith(request, { ...user, invitation: { mailed: invitation.mailed, expires_at: invitation.expires_at } })
       return await reply.code(201)
         .header('Location', `${app.config.basePath}${base}/${user.id}`)
         .header('ETag', etagOf(version))

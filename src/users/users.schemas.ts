@@ -151,8 +151,11 @@ const PasswordHash = Type.String({
   examples: ['$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW']
 })
 
+// An import creates users with a password, a hash or neither; inviting is one user at a time.
+const { invite: _invite, ...importableProperties } = UserCreate.properties
+
 export const UserImportItem = Type.Object({
-  ...UserCreate.properties,
+  ...importableProperties,
   password_hash: Type.Optional(PasswordHash)
 }, {
   $id: 'UserImportItem',

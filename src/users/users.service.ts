@@ -144,6 +144,7 @@ export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: Re
     let current = await findUserById(trx, id, { forUpdate: true })
     if (current === undefined) throw userNotFound(id)
     assertMayManage(principal, current, undefined)
+    if (toBool(current.disabled)) throw new AppError('conflict', 409, 'This user is disabled, and could not accept an invitation; enable them first.')
     const resent = toBool(current.invitation_pending)
     if (!resent) {
       if (current.password_hash !== null || current.last_login_at !== null) {
