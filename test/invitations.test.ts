@@ -224,6 +224,24 @@ for (const dialect of dialects()) {
     })
   })
 
+  describe(`invitation tokens in the log (${dialect.name})`, () => {
+    const lines: string[] = []
+    const t = useTestApp(dialect, { publicUrl: PUBLIC_URL }, { write: (line: string) => { lines.push(line) } })
+
+    it('the request log redacts the token of a link, and holds neither token nor code anywhere', async () => {
+      const user = await invite(t)
+      const { token, path } = linkParts(user.invitation!.url!)
+      await t.app.inject({ method: 'GET', url: path })
+      await t.app.inject({ method: 'POST', url: '/auth/invitation', headers: { origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: `token=${token}&password=x&confirm=y` })
+      await accept(t, { token, password: GOOD_PASSWORD })
+      await accept(t, { token, password: GOOD_PASSWORD })
+      const log = lines.join('')
+      assert.match(log, /\/auth\/invitation\?token=\[redacted\]/)
+      assert.ok(!log.includes(token), 'the token is never logged')
+      assert.ok(!log.includes(user.invitation!.code!), 'nor the code')
+    })
+  })
+
   describe(`gatehouse users invite without SMTP (${dialect.name})`, () => {
     const t = useTestApp(dialect, { publicUrl: PUBLIC_URL })
 
