@@ -21,7 +21,7 @@ async function assertAccessible (page: Page, name: string): Promise<void> {
   assert.deepEqual(bad.map(v => `${v.id}: ${v.help}`), [], name)
 }
 
-test(`Chromium follows the mailed links: accepts an invitation and signs in, then resets the password from "Forgot password?" (${dialect.name})`, { timeout: 180_000 }, async (t) => {
+test(`Chromium follows the mailed links: accepts an invitation and signs in, then resets the password from "Forgot password?" and changes the address (${dialect.name})`, { timeout: 180_000 }, async (t) => {
   if (!existsSync(CHROMIUM)) {
     t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
     return
@@ -88,6 +88,23 @@ test(`Chromium follows the mailed links: accepts an invitation and signs in, the
     await page.locator('#username').fill(username)
     await page.getByRole('button', { name: 'Sign in' }).click()
     await page.locator('dd#username').waitFor()
+
+    // The account page asks for a new address; it changes once the link mailed there is followed.
+    const newEmail = `new_${username}@example.test`
+    await page.goto(`${origin}/auth/account`)
+    await page.locator('#new-email').fill(newEmail)
+    await page.getByRole('button', { name: 'Change address' }).click()
+    await page.locator('#notice').waitFor()
+    const confirmation = await smtp.waitForMail(newEmail, { subject: /confirm your e-mail address/ })
+    const confirmLink = confirmation.links.find(l => l.startsWith(`${origin}/auth/verify-email?token=`))
+    assert.ok(confirmLink !== undefined, confirmation.text)
+    await page.goto(confirmLink)
+    await assertAccessible(page, 'confirmation page')
+    assert.equal(await page.locator('#email').innerText(), newEmail)
+    await page.getByRole('button', { name: 'Confirm the address' }).click()
+    await page.locator('#done').waitFor()
+    await page.goto(`${origin}/auth/account`)
+    assert.match(await page.locator('#email-state').innerText(), new RegExp(`${newEmail}: confirmed`))
 
     assert.deepEqual(referrers.filter(r => r.includes('token=')), [], 'no request carried a token in its Referer')
     assert.deepEqual(cspErrors, [], 'the Content-Security-Policy refused something')
