@@ -8,8 +8,10 @@ import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
 import { ConfigError, loadConfig, type Config } from '../src/config.ts'
 import { publicLink } from '../src/lib/public-url.ts'
-import { enqueueMail, mailKeyOf, openPayload } from '../src/mail/mail.outbox.ts'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { enqueueMail, mailKeyOf, NO_NOTICES, openPayload } from '../src/mail/mail.outbox.ts'
+import { changeUserRecorded } from '../src/users/users.lifecycle.ts'
+import { SYSTEM_CONTEXT } from '../src/auth/principal.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 import { SoftAuthenticator } from './soft-authenticator.ts'
 import { waitFor } from './webhook-receiver.ts'
@@ -239,6 +241,16 @@ for (const dialect of dialects()) {
       assert.deepEqual(succeeded.map(e => e.data.new_device ?? false), [true, false, false, false])
     })
 
+    it('queues no notice for a change whose event says notices: false (an invitation accepted sets the first password)', async () => {
+      const user = await createUser(t)
+      await t.app.db.transaction().execute(async trx => {
+        await changeUserRecorded(trx, SYSTEM_CONTEXT, user.id, { password_hash: await t.app.passwords.hash(`${GOOD_PASSWORD} 6`) }, { lastAdmin: 'refuse', extra: NO_NOTICES })
+      })
+      const [updated] = await eventsOf(t, 'user.updated', user.id)
+      assert.equal(updated!.data.notices, false)
+      assert.deepEqual(await outboxOf(t, user.id), [])
+    })
+
     it('queues nothing for a user without an e-mail address', async () => {
       const user = await createUser(t, { email: null })
       await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 4` })
@@ -373,6 +385,21 @@ for (const dialect of dialects()) {
       const metrics = await t.app.inject({ url: '/auth/metrics' })
       assert.match(metrics.body, /gatehouse_mail_failed [1-9]/)
       assert.match(metrics.body, /gatehouse_mail_attempts_total\{outcome="failed"\} [1-9]/)
+    })
+
+    // The deadline is the check: without the cut, closing would wait out MAIL_TIMEOUT_MS (10 minutes here) several times.
+    it('stops (closes) while an SMTP conversation stalls, cutting it after a grace period rather than waiting out the SMTP timeouts', { timeout: 60_000 }, async () => {
+      const stalled = await smtpServer()
+      stalled.mode = 'stall'
+      const slow = await createTestApp(dialect, mailSettings(stalled, { mailTimeoutMs: 600_000 }))
+      try {
+        const user = await createUser(slow)
+        await patchUser(slow, user.id, { password: `${GOOD_PASSWORD} 2` })
+        await waitFor('the worker to connect to the stalled server', () => stalled.connections > 0)
+      } finally {
+        await slow.app.close()
+      }
+      assert.equal(stalled.received.length, 0)
     })
 
     it('writes no address into the log while failing', () => {

@@ -149,8 +149,17 @@ export interface RecordedEvent {
 const FACTOR_ADDED: Record<string, string> = { 'user.totp_enrolled': 'totp', 'user.passkey_added': 'passkey' }
 const FACTOR_REMOVED: Record<string, string> = { 'user.totp_removed': 'totp', 'user.passkey_removed': 'passkey', 'user.mfa_reset': 'all' }
 
+/**
+ * In an event's data, `notices: false` says the change needs no notice: its
+ * user made it in a way that already tells them (accepting an invitation sets
+ * the first password). Pass it as the lifecycle's `extra`; the event log then
+ * shows that no notice went.
+ */
+export const NO_NOTICES = { notices: false } as const
+
 /** The notices an event calls for, and to whom when not the account's current address. */
 function noticesOf (event: RecordedEvent): Array<{ kind: NoticeKind, to?: string, data: Record<string, unknown> }> {
+  if (event.data.notices === false) return []
   const notices: Array<{ kind: NoticeKind, to?: string, data: Record<string, unknown> }> = []
   const changes = event.type === 'user.updated' ? event.data.changes as Record<string, unknown> | undefined : undefined
   if (event.type === 'user.password_changed' || changes?.password !== undefined) notices.push({ kind: 'password_changed', data: {} })

@@ -26,6 +26,8 @@ export interface MailObservation {
 
 /** Messages one instance sends at once. */
 const CONCURRENCY = 4
+/** At shutdown, how long messages in flight may take to finish before their conversations are cut (they are sent again later). */
+const STOP_GRACE_MS = 5000
 /** After a wake-up finds nothing (the queueing transaction had not committed yet), look again after these delays. */
 const WAKE_RETRIES_MS = [5, 25, 100]
 
@@ -68,14 +70,16 @@ export function createTransport (settings: MailWorkerSettings): Transporter<SMTP
 interface SendError { message: string, permanent: boolean }
 
 /**
- * A refusal the server says is final (5xx to the recipient or the message)
- * gives the message up; anything else (a 4xx, a connection that failed or
- * stalled, a refused login, which is the deployment's to fix) is retried.
+ * A refusal the server says is final for this message (5xx to the recipient,
+ * RCPT TO, or to the message, DATA) gives the message up. Anything else is
+ * retried: a 4xx, a connection that failed or stalled, and a 5xx to the
+ * sender (MAIL FROM), the login or the greeting, which are the deployment's
+ * to fix and would otherwise give up every message while they are wrong.
  */
 function sendErrorOf (error: unknown): SendError {
   const e = error as { responseCode?: number, command?: string, code?: string, message?: string }
   const code = e.responseCode
-  const permanent = code !== undefined && code >= 500 && code < 600 && e.command !== 'AUTH PLAIN' && e.command !== 'AUTH LOGIN' && e.code !== 'EAUTH'
+  const permanent = code !== undefined && code >= 500 && code < 600 && (e.command === 'RCPT TO' || e.command === 'DATA')
   // The server's reply, or the failure's name: never the message, which may hold a link.
   const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code).slice(0, 300)}` : `${e.code ?? 'error'}: ${String(e.message ?? '').slice(0, 300)}`
   return { message, permanent }
@@ -94,8 +98,16 @@ export class MailWorker {
   readonly #log: FastifyBaseLogger
   readonly #templates: MailTemplates
   readonly #transport: Transporter<SMTPTransport.SentMessageInfo>
-  /** Long enough for the slowest SMTP conversation (three timeouts), with room for recording the result. */
+  /** Long enough for the slowest SMTP conversation (cut at #sendDeadlineMs), with room for recording the result. */
   readonly #leaseMs: number
+  /**
+   * One conversation's hard deadline. nodemailer's timeouts are per step (and
+   * the socket's is for silence), so a server that answers slowly enough could
+   * otherwise outlast the lease, and another instance would send the message too.
+   */
+  readonly #sendDeadlineMs: number
+  /** Cuts the conversations in flight when a stop has waited STOP_GRACE_MS. */
+  #cut = new AbortController()
   readonly #observers: Array<(observation: MailObservation) => void> = []
   /** The keys payloads may be sealed under: the configured one first, then the database's. */
   #keys: Buffer[] | undefined
@@ -110,7 +122,8 @@ export class MailWorker {
     this.#settings = settings
     this.#templates = templates
     this.#log = log
-    this.#leaseMs = 3 * settings.mailTimeoutMs + 5000
+    this.#sendDeadlineMs = 3 * settings.mailTimeoutMs
+    this.#leaseMs = this.#sendDeadlineMs + 5000
     this.#transport = createTransport(settings)
   }
 
@@ -121,16 +134,26 @@ export class MailWorker {
   start (): void {
     if (!this.#stopped) return
     this.#stopped = false
+    this.#cut = new AbortController()
     this.#unsubscribe = onMailQueued(() => { this.#wake() })
     this.#schedule(0)
   }
 
-  /** Stops claiming, and waits for the messages in flight (bounded by the SMTP timeouts). */
+  /**
+   * Stops claiming, and waits for the messages in flight: for STOP_GRACE_MS,
+   * then their conversations are cut and they are recorded as to be tried again,
+   * well within the shutdown's cap (server.ts).
+   */
   async stop (): Promise<void> {
     this.#stopped = true
     this.#unsubscribe?.()
     clearTimeout(this.#timer)
-    await this.#running
+    const cut = setTimeout(() => { this.#cut.abort(new Error('the service is stopping')) }, STOP_GRACE_MS)
+    try {
+      await this.#running
+    } finally {
+      clearTimeout(cut)
+    }
     this.#transport.close()
   }
 
@@ -204,7 +227,14 @@ export class MailWorker {
           public_url: publicBase(this.#settings),
           account_url: publicLink(this.#settings, '/account')
         })
-        await this.#transport.sendMail({ from: this.#settings.mailFrom, to, subject: rendered.subject, text: rendered.text, html: rendered.html })
+        await this.#transport.sendMail({
+          from: this.#settings.mailFrom,
+          to,
+          subject: rendered.subject,
+          text: rendered.text,
+          html: rendered.html,
+          signal: AbortSignal.any([AbortSignal.timeout(this.#sendDeadlineMs), this.#cut.signal])
+        })
       } catch (caught) {
         error = caught instanceof SecretBoxError
           ? { message: `the payload does not open: ${caught.message}`, permanent: true }
