@@ -295,6 +295,12 @@ for (const dialect of dialects()) {
       const res = await accept(t, { login: user.email!, code, password: GOOD_PASSWORD })
       assert.equal(res.statusCode, 200, res.body)
       assert.equal(res.json().user.email_verified, true, 'accepting a mailed invitation proves the address')
+      const events = await t.app.db.selectFrom('events').select('data').where('type', '=', 'user.updated').where('target_id', '=', user.id).execute()
+      assert.equal(events.length, 1)
+      const data = events[0]!.data
+      assert.equal((typeof data === 'string' ? JSON.parse(data) : data).notices, false, 'the first password sends no "password changed" notice')
+      const queued = await t.app.db.selectFrom('mail_outbox').select('template').where('user_id', '=', user.id).execute()
+      assert.deepEqual(queued.map(m => m.template), ['invitation'], 'only the invitation was queued')
     })
   })
 }

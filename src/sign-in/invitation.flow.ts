@@ -1,5 +1,6 @@
 import { toBool } from '../db/database.ts'
 import { recordEvent } from '../events/events.repository.ts'
+import { NO_NOTICES } from '../mail/mail.outbox.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import { openSignInChallenge, secondFactorNeeded } from '../mfa/mfa.service.ts'
 import { openSession } from '../sessions/sessions.service.ts'
@@ -42,8 +43,9 @@ export async function acceptInvitation (deps: SessionsDeps, ctx: SignInContext, 
     const current = await findUserById(trx, before.id, { forUpdate: true })
     if (current === undefined || !toBool(current.invitation_pending) || toBool(current.disabled)) return false
     // A link mailed to the account's address proves the address, as a confirmation would.
+    // The first password is the person's own doing: no "password changed" notice (NO_NOTICES).
     const proved = used.email !== null && current.email !== null && used.email.toLowerCase() === current.email.toLowerCase()
-    await changeUserRecorded(trx, userCtx, before.id, { password_hash: hash, invitation_pending: false, ...(proved ? { email_verified: true } : {}) }, { lastAdmin: 'refuse' })
+    await changeUserRecorded(trx, userCtx, before.id, { password_hash: hash, invitation_pending: false, ...(proved ? { email_verified: true } : {}) }, { lastAdmin: 'refuse', extra: { ...NO_NOTICES } })
     await recordEvent(trx, userCtx, 'user.invitation_accepted', { type: 'user', id: before.id }, { via: byCode ? 'code' : 'link' })
     return true
   })
