@@ -265,6 +265,24 @@ for (const dialect of dialects()) {
     })
   })
 
+  describe(`typed codes from one address (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { loginMaxFailuresPerAddress: 3 })
+
+    it('are throttled across accounts: past the address budget even a right code gets 429', async () => {
+      const users = [await invite(t), await invite(t), await invite(t), await invite(t)]
+      for (const user of users.slice(0, 3)) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/invitations/accept', payload: { login: user.username, code: 'ZZZZ-ZZZZ', password: GOOD_PASSWORD }, remoteAddress: '192.0.2.9' })
+        assert.equal(res.json().code, 'token_invalid')
+      }
+      const last = users[3]!
+      const blocked = await t.app.inject({ method: 'POST', url: '/auth/api/invitations/accept', payload: { login: last.username, code: last.invitation!.code!, password: GOOD_PASSWORD }, remoteAddress: '192.0.2.9' })
+      assert.equal(blocked.statusCode, 429)
+      assert.ok(Number(blocked.headers['retry-after']) > 0)
+      const elsewhere = await t.app.inject({ method: 'POST', url: '/auth/api/invitations/accept', payload: { login: last.username, code: last.invitation!.code!, password: GOOD_PASSWORD }, remoteAddress: '192.0.2.10' })
+      assert.equal(elsewhere.statusCode, 200, 'another address is not held back, and the code was not spent')
+    })
+  })
+
   describe(`invitations under MFA_REQUIRED=all (${dialect.name})`, () => {
     const t = useTestApp(dialect, { mfaRequired: 'all' })
 
