@@ -159,7 +159,8 @@ export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: F
 ${errorSummary(errors, general)}
 <form class="panel" method="post" action="${ctx.base}/admin/users" novalidate>
 ${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username.')}
-<div class="field"><label class="check"><input type="checkbox" name="invite" value="true"${invite ? html` checked` : ''}> Invite user: leave the password empty, and they choose their own (by a link mailed to them or, without mail, one you hand over)</label></div>
+<div class="field"><label class="check"><input type="checkbox" name="invite" value="true" aria-describedby="invite-hint"${invite ? html` checked` : ''}> Invite user</label>
+<p class="hint" id="invite-hint">Leave the field above empty: they get a one-time link (mailed to them or, without mail, shown here to hand over) and choose their own.</p></div>
 <div class="actions"><button type="submit">Create user</button><a href="${ctx.base}/admin/users">Cancel</a></div>
 </form>`
   return layout(ctx, 'Create a user', 'users', body)
