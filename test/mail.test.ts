@@ -315,7 +315,12 @@ for (const dialect of dialects()) {
   })
 
   describe(`mail: without SMTP (${dialect.name})`, () => {
-    const t = useTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
+    const logLines: string[] = []
+    const t = useTestApp(dialect, { mfaEncryptionKey: randomBytes(32) }, { write: (line: string) => { logLines.push(line) } })
+
+    it('says at start that no mail is sent and notices are not queued', () => {
+      assert.ok(logLines.some(line => line.includes('no SMTP_URL: no mail is sent, and security notices are not queued')), logLines.join(''))
+    })
 
     it('queues no notices and enqueueMail says it queued nothing', async () => {
       const user = await createUser(t)
