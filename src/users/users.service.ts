@@ -19,14 +19,14 @@ import {
   readChangeStamp,
   sortColumnOf,
   type NewUserRow,
-  type UserFilter
+  type UserFilter,
+  type UserRow
 } from './users.repository.ts'
 import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
 import { PageCache } from './page-cache.ts'
 import type { Config } from '../config.ts'
 import { endLiveTokens } from '../tokens/tokens.repository.ts'
 import { issueAndMailToken, type LinkConfig } from '../tokens/token-mail.ts'
-import type { UserRow } from './users.repository.ts'
 import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
 export interface UsersDeps {
