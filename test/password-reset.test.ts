@@ -3,6 +3,7 @@ import { after, describe, it } from 'node:test'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 import { waitFor } from './webhook-receiver.ts'
+import { listen, runCli } from './cli-helpers.ts'
 
 const smtp = await SmtpTestServer.start()
 after(async () => { await smtp.close() })
@@ -135,6 +136,16 @@ for (const dialect of dialects()) {
       assert.equal(smtp.mailTo(ssoOnly.email).length, 0)
     })
 
+    it('an admin\'s reset link is mailed to the user, not returned', async () => {
+      const user = await createUser(t)
+      const res = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/password-reset`, headers: auth(t.adminKey) })
+      assert.equal(res.statusCode, 200, res.body)
+      assert.deepEqual(Object.keys(res.json()).sort(), ['expires_at', 'mailed'])
+      assert.equal(res.json().mailed, true)
+      const { link } = await resetMail(user.email)
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/password-resets/complete', payload: { token: tokenOf(link), new_password: NEW_PASSWORD } })).statusCode, 204)
+    })
+
     it('throttles requests per name, and an account gets at most PASSWORD_RESET_MAX_PER_HOUR mails', async () => {
       const user = await createUser(t)
       for (let i = 0; i < 5; i++) assert.equal((await requestReset(t, { username: user.username }, `198.51.100.${i + 1}`)).statusCode, 202)
@@ -162,6 +173,40 @@ for (const dialect of dialects()) {
       assert.equal(await outcomeOf(t, res.headers['x-request-id'] as string), 'mail_unavailable')
       const tokens = await t.app.db.selectFrom('account_tokens').select('id').where('user_id', '=', user.id).execute()
       assert.equal(tokens.length, 0)
+    })
+
+    it('an admin gets a reset link to hand over (API, console, CLI), and the newest one works once', async () => {
+      const user = await createUser(t)
+      const viaApi = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/password-reset`, headers: auth(t.adminKey) })
+      assert.equal(viaApi.statusCode, 200, viaApi.body)
+      assert.equal(viaApi.json().mailed, false)
+      assert.match(viaApi.json().code, /^[A-Z0-9]{4}-[A-Z0-9]{4}$/)
+      const first = tokenOf(viaApi.json().url)
+
+      const env = { GATEHOUSE_URL: await listen(t.app), GATEHOUSE_API_KEY: t.adminKey }
+      const printed = await runCli(['users', 'reset-password', user.username], { env })
+      assert.equal(printed.code, 0, printed.stderr)
+      const second = tokenOf(/^(http\S+reset-password\?token=\S+)$/m.exec(printed.stdout)![1]!)
+      assert.notEqual(second, first)
+
+      const adminName = uniqueName('admin')
+      await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: adminName, password: GOOD_PASSWORD, role: 'admin' } })
+      const cookie = `gatehouse_session=${(await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: adminName, password: GOOD_PASSWORD } })).json().token}`
+      const page = await t.app.inject({ method: 'POST', url: `/auth/admin/users/${user.id}/password-reset`, headers: { cookie, origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: '' })
+      assert.equal(page.statusCode, 200, page.body)
+      assert.match(page.body, /data-copy="reset-link"/)
+      const third = tokenOf(/<code id="reset-link">([^<]+)<\/code>/.exec(page.body)![1]!.replace(/&#38;/g, '&'))
+
+      for (const old of [first, second]) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/password-resets/complete', payload: { token: old, new_password: NEW_PASSWORD } })
+        assert.equal(res.json().code, 'token_invalid', 'an earlier link ended')
+      }
+      const done = await t.app.inject({ method: 'POST', url: '/auth/api/password-resets/complete', payload: { token: third, new_password: NEW_PASSWORD } })
+      assert.equal(done.statusCode, 204, done.body)
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: user.username, password: NEW_PASSWORD } })).statusCode, 200)
+      const sso = await createUser(t, { password_sign_in: false })
+      const refused = await t.app.inject({ method: 'POST', url: `/auth/api/users/${sso.id}/password-reset`, headers: auth(t.adminKey) })
+      assert.equal(refused.statusCode, 409)
     })
 
     it('is 403 for everyone where PASSWORD_SIGN_IN=off, and the sign-in page offers no reset', async () => {

@@ -10,15 +10,16 @@ import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import type { SessionsDeps } from '../sessions/sessions.types.ts'
 import { acceptInvitation } from '../sign-in/invitation.flow.ts'
 import { tokenProofOf } from '../tokens/tokens.schemas.ts'
-import { completePasswordReset, requestPasswordReset, type PasswordResetsDeps } from '../password-resets/password-resets.service.ts'
-import { PASSWORD_RESET_ACCEPTED_TEXT, PasswordResetAccepted, PasswordResetCompletion, PasswordResetRequest } from '../password-resets/password-resets.schemas.ts'
+import { completePasswordReset, issuePasswordReset, requestPasswordReset, type PasswordResetsDeps } from '../password-resets/password-resets.service.ts'
+import { PASSWORD_RESET_ACCEPTED_TEXT, PasswordResetAccepted, PasswordResetCompletion, PasswordResetLink, PasswordResetRequest } from '../password-resets/password-resets.schemas.ts'
+import { UserIdParams } from '../users/users.schemas.ts'
 import { confirmEmail, sendEmailVerification, type EmailVerificationDeps } from '../email-verification/email-verification.service.ts'
 import { EmailConfirmation, EmailVerificationRequest, EmailVerificationSent, InvitationAcceptance } from './account.schemas.ts'
 import { AppError } from '../errors.ts'
 
 export type AccountDeps = SessionsDeps & { background: BackgroundTasks }
 
-export const ACCOUNT_SCHEMAS = [InvitationAcceptance, EmailVerificationRequest, EmailVerificationSent, EmailConfirmation, PasswordResetRequest, PasswordResetAccepted, PasswordResetCompletion]
+export const ACCOUNT_SCHEMAS = [InvitationAcceptance, EmailVerificationRequest, EmailVerificationSent, EmailConfirmation, PasswordResetRequest, PasswordResetAccepted, PasswordResetCompletion, PasswordResetLink]
 
 /** The account's e-mail flows over the API (docs/email.md): accepting an invitation, password reset, confirming an address. */
 export default async function accountRoutes (app: FastifyTypeBox, deps: AccountDeps): Promise<void> {
@@ -77,6 +78,21 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
     await requestPasswordReset(resets, requestContext(request), identifier)
     return await reply.code(202).send({ status: 'accepted' as const, detail: PASSWORD_RESET_ACCEPTED_TEXT })
   })
+
+  app.post('/api/users/:user_id/password-reset', {
+    schema: {
+      tags: ['default'],
+      security: SECURITY,
+      operationId: 'issue_password_reset',
+      summary: 'Issue a Password-Reset Link',
+      description: 'A one-time link and code for the user to set a new password themselves: mailed to them when mail is configured and they have an address, ' +
+        'otherwise in this answer (`url`, `code`) to hand over, shown once. The earlier reset link stops working. ' +
+        '409 for a user a reset is not for: disabled, invited and not yet accepted, without password sign-in, a directory user, or single-sign-on only.' + DOC,
+      params: UserIdParams,
+      response: { 200: { ...ref(PasswordResetLink), description: 'Issued.' }, ...problems(401, 403, 404, 409, 422, 503) }
+    },
+    config: { scope: 'users:write' }
+  }, async (request) => await issuePasswordReset(resets, request.principal!, requestContext(request), request.params.user_id))
 
   app.post('/api/password-resets/complete', {
     schema: {

@@ -16,7 +16,7 @@ function positiveInt (value: string): number {
   return Number(value)
 }
 
-/** What the service answers for an invitation (the Invitation schema). */
+/** What the service answers for an invitation or an issued reset link (the Invitation and PasswordResetLink schemas). */
 interface ApiInvitation { mailed: boolean, expires_at: string, url?: string, code?: string }
 
 function userRows (users: ApiUser[]): string[][] {
@@ -200,6 +200,25 @@ export function registerUsers (program: Command): void {
         printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${invitation.expires_at}:`)
         printLine(invitation.url ?? '')
         printLine(`Or they type their username and the code ${invitation.code ?? ''} at the invitation page.`)
+      }
+    })
+
+  users.command('reset-password')
+    .description('issue a one-time link for the user to choose a new password: mailed to them, or printed to hand over when the service sends no mail')
+    .argument('<user>', 'user id or username')
+    .option('--json', 'print JSON')
+    .action(async (target: string, options: { json?: boolean }) => {
+      const client = ApiClient.fromEnv()
+      const user = await client.resolveUser(target)
+      const link = (await client.request<ApiInvitation>('POST', `/api/users/${user.id}/password-reset`)).body
+      if (options.json === true) {
+        printJson({ user: { id: user.id, username: user.username, email: user.email }, password_reset: link })
+      } else if (link.mailed) {
+        printLine(`Mailed a password-reset link to ${user.username} at ${user.email ?? ''}; it works once, until ${link.expires_at}`)
+      } else {
+        printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${link.expires_at}:`)
+        printLine(link.url ?? '')
+        printLine(`Or they type their username and the code ${link.code ?? ''} at the reset page.`)
       }
     })
 

@@ -9,6 +9,7 @@ import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
 import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
 import { sendHtmlPage } from '../lib/html.ts'
+import { issuePasswordReset } from '../password-resets/password-resets.service.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { type SessionsDeps } from '../sessions/sessions.types.ts'
@@ -123,7 +124,8 @@ const NOTICES: Record<string, string> = {
   'mfa-reset': 'Second factor reset: the authenticator app, passkeys and recovery codes are removed.',
   invited: 'User created and invited: the invitation was mailed to them.',
   'invitation-sent': 'Invitation sent again: the earlier link and code stopped working.',
-  'invitation-revoked': 'Invitation revoked: its link and code stopped working. Resend it, or delete the user.'
+  'invitation-revoked': 'Invitation revoked: its link and code stopped working. Resend it, or delete the user.',
+  'reset-sent': 'A password-reset link was mailed to the user; the earlier one stopped working.'
 }
 
 /** An event filter's value that is an id rather than a username: a UUID, or `cli` (the command line's actor). */
@@ -315,6 +317,18 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const invitation = await inviteUser(deps, request.principal!, requestContext(request), id)
     if (!invitation.mailed) return await renderUser(request, reply, 200, id, { invitation: shownInvitation(invitation) }, 'A new invitation link: the earlier one stopped working.')
     return await seeOther(reply, `${admin}/users/${id}?done=invitation-sent`)
+  })
+
+  app.post('/admin/users/:user_id/password-reset', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    try {
+      const link = await issuePasswordReset({ db: app.db, config: app.config }, request.principal!, requestContext(request), id)
+      if (link.mailed) return await seeOther(reply, `${admin}/users/${id}?done=reset-sent`)
+      return await renderUser(request, reply, 200, id, { resetLink: { url: link.url!, code: link.code!, expires_at: link.expires_at } }, 'A password-reset link: the earlier one stopped working.')
+    } catch (error) {
+      if (!(error instanceof AppError) || error.status !== 409) throw error
+      return await renderUser(request, reply, 409, id, { blocked: error.detail })
+    }
   })
 
   app.post('/admin/users/:user_id/invitation/revoke', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {

@@ -205,6 +205,8 @@ export interface UserView {
   created?: boolean
   /** An invitation just issued and not mailed: its link and code, shown this once to hand over. */
   invitation?: { url: string, code: string, expires_at: string } | undefined
+  /** A password-reset link just issued and not mailed, shown this once. */
+  resetLink?: { url: string, code: string, expires_at: string } | undefined
 }
 
 /** How a value in an event's data reads: lists joined, nothing as a dash, secrets as the API shows them ("[redacted]"). */
@@ -295,6 +297,12 @@ ${view.invitation !== undefined
 <div class="secret"><code id="invitation-link">${view.invitation.url}</code><button type="button" data-copy="invitation-link" hidden>Copy link</button></div>
 <p>Or they open the invitation page and type their username and the code <code id="invitation-code">${view.invitation.code}</code>.</p></section>`
 : ''}
+${view.resetLink !== undefined
+? html`<section class="panel" aria-labelledby="reset-link-title"><h2 id="reset-link-title">Password-reset link for ${user.username}</h2>
+<p>No mail is sent here (no SMTP_URL): hand this link to ${user.username} yourself. It is shown this once, works once, until ${date(view.resetLink.expires_at)}.</p>
+<div class="secret"><code id="reset-link">${view.resetLink.url}</code><button type="button" data-copy="reset-link" hidden>Copy link</button></div>
+<p>Or they open the reset page and type their username and the code <code id="reset-code">${view.resetLink.code}</code>.</p></section>`
+: ''}
 ${user.invitation_pending
 ? html`<section class="panel" aria-labelledby="invitation-title"><h2 id="invitation-title">Invitation pending</h2>
 <p>${user.username} has not accepted the invitation yet, and cannot sign in until they do. Resending makes a new link and code; the earlier ones stop working.</p>
@@ -327,10 +335,11 @@ ${user.disabled
   ? html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`
   : html`<form method="post" action="${url}/disable" data-confirm="Disable ${user.username}? Their sessions end and their API keys are revoked." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`}
 <form method="post" action="${url}/unlock"><button type="submit" class="secondary">Reset sign-in lock</button></form>
+${user.invitation_pending || user.disabled || !user.password_sign_in ? '' : html`<form method="post" action="${url}/password-reset"><button type="submit" class="secondary">Password-reset link</button></form>`}
 <form method="post" action="${url}/end-sessions" data-confirm="End every session of ${user.username}? They will have to sign in again." data-confirm-label="End sessions"><button type="submit" class="secondary">End sessions</button></form>
 <a class="button danger" href="${url}/delete">Delete…</a>
 </div>
-<p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
+<p class="hint">Password-reset link lets them choose a new password themselves: mailed to them, or shown here to hand over. Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
 </section>
 ${mfaSection(url, user, view.mfa)}
 ${sessionsSection(url, user, view.sessions)}

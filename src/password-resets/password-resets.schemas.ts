@@ -1,4 +1,5 @@
 import { Type, type Static } from 'typebox'
+import { Timestamp } from '../lib/openapi.ts'
 import { TokenProofFields } from '../tokens/tokens.schemas.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
@@ -29,3 +30,11 @@ export const PasswordResetCompletion = Type.Object({
   description: 'Sets a new password with a reset link\'s token, or the username or address and the mailed code.'
 })
 export type PasswordResetCompletion = Static<typeof PasswordResetCompletion>
+
+export const PasswordResetLink = Type.Object({
+  mailed: Type.Boolean({ description: 'True: the link and code went to the user\'s address. False: no mail was sent (no SMTP); hand over `url` (or `code`) yourself.' }),
+  expires_at: Timestamp({ description: 'When the link and code stop working (PASSWORD_RESET_LIFETIME_MINUTES, default 60).' }),
+  url: Type.Optional(Type.String({ format: 'uri', maxLength: 2048, description: 'Only without SMTP: the one-time link to hand to the user. Shown once.' })),
+  code: Type.Optional(Type.String({ maxLength: 16, pattern: '^[A-Z0-9]{4}-[A-Z0-9]{4}$', description: 'Only without SMTP: the short code the user may type at the reset page instead.' }))
+}, { $id: 'PasswordResetLink', additionalProperties: false, description: 'A password-reset link an administrator issued for a user (docs/email.md#password-reset).' })
+export type PasswordResetLink = Static<typeof PasswordResetLink>

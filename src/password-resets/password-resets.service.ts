@@ -1,10 +1,11 @@
 import type { Config } from '../config.ts'
 import { toBool, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import type { RequestContext } from '../auth/principal.ts'
+import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import type { BackgroundTasks } from '../lib/background.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
+import type { PasswordResetLink } from './password-resets.schemas.ts'
 import type { PasswordHasher } from '../lib/passwords.ts'
 import type { FailureCounter } from '../sessions/failure-counter.ts'
 import { listIdentitiesOfUser } from '../sso/identities.repository.ts'
@@ -70,7 +71,7 @@ export async function requestPasswordReset (deps: PasswordResetsDeps, ctx: Reque
 }
 
 /** Whether this account may reset its password, and why not. */
-async function eligibility (deps: PasswordResetsDeps, user: UserRow): Promise<RequestOutcome | undefined> {
+async function eligibility (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, user: UserRow): Promise<RequestOutcome | undefined> {
   if (user.email === null) return 'no_email'
   if (toBool(user.disabled)) return 'disabled'
   if (toBool(user.invitation_pending)) return 'invitation_pending'
@@ -108,6 +109,35 @@ async function issueReset (deps: PasswordResetsDeps, ctx: RequestContext, key: s
   await deps.db.transaction().execute(async trx => {
     const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
     await recordEvent(trx, ctx, 'user.password_reset_requested', target, { identifier, outcome: issued.mailed ? 'mailed' : 'mail_unavailable', expires_at: issued.expiresAt })
+  })
+}
+
+/** Why an administrator cannot issue a reset link for an account. */
+const INELIGIBLE: Partial<Record<RequestOutcome, string>> = {
+  disabled: 'This user is disabled; enable them first.',
+  invitation_pending: 'This user has not accepted their invitation yet; resend the invitation instead.',
+  password_sign_in_off: 'This user does not sign in with a password (password_sign_in is false).',
+  directory_user: 'This user\'s password is the directory\'s (LDAP); reset it there.',
+  single_sign_on_only: 'This user signs in only through single sign-on and has no password here.'
+}
+
+/**
+ * An administrator's reset link for a user (the way back in when no mail is
+ * sent, or the owner asked for help): mailed to the user when mail is on and
+ * they have an address, else returned to hand over, once. Refused (409) for
+ * an account a reset is not offered to. The earlier reset link ends.
+ */
+export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, principal: Principal, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
+  if (!deps.config.passwordSignIn) throw notOffered()
+  const user = await findUserById(deps.db, userId)
+  if (user === undefined) throw new AppError('user_not_found', 404, `No user has the id ${userId}.`)
+  if (!isAdmin(principal) && user.role === 'admin') throw new AppError('forbidden', 403, 'Only an admin may change an admin account.')
+  const outcome = await eligibility(deps, user)
+  if (outcome !== undefined && outcome !== 'no_email') throw new AppError('conflict', 409, INELIGIBLE[outcome] ?? 'A password reset is not offered to this user.')
+  return await deps.db.transaction().execute(async trx => {
+    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
+    await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { by: 'admin', outcome: issued.mailed ? 'mailed' : 'link_issued', expires_at: issued.expiresAt })
+    return { mailed: issued.mailed, expires_at: issued.expiresAt, ...(issued.mailed ? {} : { url: issued.url, code: issued.code }) }
   })
 }
 
