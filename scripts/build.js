@@ -54,7 +54,7 @@ const EXTERNAL = [
   'ioredis',
   // Imported lazily, with import(), when a deployment first needs them: outside
   // the bundle, a start-up that does not need them neither loads nor compiles them.
-  '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts',
+  '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts', 'nodemailer',
   // Resolved (not loaded) by OWN_DIRNAME's modules below, at run time.
   '@fastify/swagger-ui/package.json'
 ]

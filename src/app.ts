@@ -229,7 +229,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   if (config.webhookDelivery) app.addHook('onReady', async () => { webhooks.start() })
   app.addHook('preClose', async () => { await webhooks.stop() })
   // Sends queued mail when SMTP is configured.
-  const mail = mailTemplates !== undefined ? new MailWorker(db, config, mailTemplates, app.log) : undefined
+  const mail = mailTemplates !== undefined ? await MailWorker.create(db, config, mailTemplates, app.log) : undefined
   app.decorate('mail', mail)
   if (mail !== undefined && config.mailDelivery) app.addHook('onReady', async () => { mail.start() })
   if (mail !== undefined) app.addHook('preClose', async () => { await mail.stop() })

@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url'
 import { dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
 import { freePort } from './ports.ts'
 import { TEST_REDIS_URL } from './redis.ts'
+import { SmtpTestServer } from './smtp-server.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { version: string }
@@ -23,16 +24,21 @@ const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { ve
  */
 describe('the built service (npm run build, then node dist/server.js)', () => {
   let tmp: string
-  before(() => {
+  let smtp: SmtpTestServer
+  before(async () => {
+    smtp = await SmtpTestServer.start()
     tmp = mkdtempSync(join(tmpdir(), 'gatehouse-build-'))
     const build = spawnSync(process.execPath, [join(root, 'scripts/build.js')], { cwd: root, encoding: 'utf8' })
     assert.equal(build.status, 0, build.stderr)
   })
-  after(() => { rmSync(tmp, { recursive: true, force: true }) })
+  after(async () => {
+    rmSync(tmp, { recursive: true, force: true })
+    await smtp.close()
+  })
 
   for (const dialect of dialects()) {
     // With PostgreSQL, Redis too when there is one (CI has): ioredis and the rate limiter's Redis store are loaded from outside the bundle.
-    it(`starts from dist/ on ${dialect.name} and serves the API, the docs, the pages' assets and the lazily loaded second factors`, { timeout: 60_000 }, async () => {
+    it(`starts from dist/ on ${dialect.name} and serves the API, the docs, the pages' assets and the lazily loaded second factors, and sends mail`, { timeout: 60_000 }, async () => {
       const port = await freePort()
       const redis = dialect.url !== undefined && TEST_REDIS_URL !== undefined
       const schema = `gh_build_${randomBytes(6).toString('hex')}`
@@ -46,7 +52,11 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         ...(redis ? { REDIS_URL: TEST_REDIS_URL } : {}),
         GATEHOUSE_ADMIN_USERNAME: 'builtadmin',
         GATEHOUSE_ADMIN_PASSWORD: GOOD_PASSWORD,
-        MFA_ENCRYPTION_KEY: randomBytes(32).toString('base64')
+        MFA_ENCRYPTION_KEY: randomBytes(32).toString('base64'),
+        SMTP_URL: smtp.url,
+        NODE_EXTRA_CA_CERTS: smtp.writeCertificate(join(tmp, 'smtp.pem')),
+        MAIL_FROM: 'gatehouse@example.test',
+        PUBLIC_URL: 'https://pipelines.example.test/auth'
       }
       const child: ChildProcess = spawn(process.execPath, [join(root, 'dist/server.js')], { env, stdio: ['ignore', 'pipe', 'pipe'] })
       let output = ''
@@ -102,6 +112,16 @@ describe('the built service (npm run build, then node dist/server.js)', () => {
         const totp = await fetch(`${base}/api/me/mfa/totp`, { method: 'POST', headers: { authorization: `Bearer ${token}` } })
         assert.equal(totp.status, 200, await totp.clone().text())
         assert.match((await totp.json() as { qr_svg: string }).qr_svg, /^<svg /)
+        // Mail: nodemailer is loaded from outside the bundle, the templates from dist/assets/.
+        const me = await (await fetch(`${base}/api/me`, { headers: { authorization: `Bearer ${token}` } })).json() as { id: string }
+        const address = `built-${dialect.name}@example.test`
+        const email = await fetch(`${base}/api/users/${me.id}`, { method: 'PATCH', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/merge-patch+json' }, body: JSON.stringify({ email: address }) })
+        assert.equal(email.status, 200, await email.clone().text())
+        const password = await fetch(`${base}/api/me/password`, { method: 'PUT', headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: JSON.stringify({ current_password: GOOD_PASSWORD, new_password: `${GOOD_PASSWORD} 2` }) })
+        assert.equal(password.status, 204, await password.clone().text())
+        const mail = await smtp.waitForMail(address)
+        assert.equal(mail.subject, 'gatehouse: your password was changed')
+        assert.equal(mail.secure, true)
       } finally {
         child.kill('SIGTERM')
         if (child.exitCode === null) await once(child, 'exit')

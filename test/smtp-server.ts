@@ -64,10 +64,11 @@ export class SmtpTestServer {
         }
         callback()
       },
-      onRcptTo: (_address, _session, callback) => {
+      onRcptTo: (address, _session, callback) => {
         if (this.mode === 'refuse-temporarily' || this.mode === 'refuse-permanently') {
           this.refusals++
-          const error = new Error(this.mode === 'refuse-temporarily' ? 'Mailbox busy, try again later' : 'No such mailbox here') as Error & { responseCode: number }
+          // Naming the recipient, as real servers' replies do.
+          const error = new Error(`<${address.address}>: ${this.mode === 'refuse-temporarily' ? 'Mailbox busy, try again later' : 'No such mailbox here'}`) as Error & { responseCode: number }
           error.responseCode = this.mode === 'refuse-temporarily' ? 451 : 550
           callback(error)
           return

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto'
 import type { FastifyBaseLogger } from 'fastify'
-import nodemailer, { type Transporter } from 'nodemailer'
+import type { Transporter } from 'nodemailer'
 import type SMTPTransport from 'nodemailer/lib/smtp-transport/index.js'
 import { SYSTEM_CONTEXT } from '../auth/principal.ts'
 import type { Config } from '../config.ts'
@@ -37,8 +37,13 @@ export function mailRetryDelayMs (attempts: number, settings: Pick<MailWorkerSet
   return Math.round(exponential * (0.5 + random * 0.5))
 }
 
-/** The nodemailer transport SMTP_URL describes (docs/email.md#smtp). */
-export function createTransport (settings: MailWorkerSettings): Transporter<SMTPTransport.SentMessageInfo> {
+/**
+ * The nodemailer transport SMTP_URL describes (docs/email.md#settings).
+ * nodemailer is loaded here, when SMTP is configured: outside the bundle
+ * (scripts/build.js), so a deployment without mail neither loads nor compiles it.
+ */
+export async function createTransport (settings: MailWorkerSettings): Promise<Transporter<SMTPTransport.SentMessageInfo>> {
+  const { default: nodemailer } = await import('nodemailer')
   const url = new URL(settings.smtpUrl!)
   const implicitTls = url.protocol === 'smtps:'
   const host = url.hostname.replace(/^\[(.*)\]$/, '$1')
@@ -80,9 +85,10 @@ function sendErrorOf (error: unknown): SendError {
   const e = error as { responseCode?: number, command?: string, code?: string, message?: string }
   const code = e.responseCode
   const permanent = code !== undefined && code >= 500 && code < 600 && (e.command === 'RCPT TO' || e.command === 'DATA')
-  // The server's reply, or the failure's name: never the message, which may hold a link.
-  const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code).slice(0, 300)}` : `${e.code ?? 'error'}: ${String(e.message ?? '').slice(0, 300)}`
-  return { message, permanent }
+  // The server's reply, or the failure's name: never the message, which may hold a link, and no
+  // address, which replies often quote (events and logs must not name whom mail was meant for).
+  const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code)}` : `${e.code ?? 'error'}: ${String(e.message ?? '')}`
+  return { message: message.replace(/[^\s<>()[\]"',;:]+@[^\s<>()[\]"',;]+/g, '[address]').slice(0, 300), permanent }
 }
 
 /**
@@ -117,14 +123,18 @@ export class MailWorker {
   #unsubscribe: (() => void) | undefined
   #wakeRetry = WAKE_RETRIES_MS.length
 
-  constructor (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger) {
+  constructor (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger, transport: Transporter<SMTPTransport.SentMessageInfo>) {
     this.#db = db
     this.#settings = settings
     this.#templates = templates
     this.#log = log
     this.#sendDeadlineMs = 3 * settings.mailTimeoutMs
     this.#leaseMs = this.#sendDeadlineMs + 5000
-    this.#transport = createTransport(settings)
+    this.#transport = transport
+  }
+
+  static async create (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger): Promise<MailWorker> {
+    return new MailWorker(db, settings, templates, log, await createTransport(settings))
   }
 
   onAttempt (observer: (observation: MailObservation) => void): void {
