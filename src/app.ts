@@ -32,7 +32,7 @@ import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
 import authPlugin from './auth/auth.plugin.ts'
-import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
+import { Invitation, User, UserCreate, UserCreated, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
@@ -61,6 +61,10 @@ import { deleteChallengesBefore } from './mfa/mfa.repository.ts'
 import consoleRoutes from './console/console.routes.ts'
 import setupRoutes from './console/setup.ts'
 import landingRoutes from './system/landing.ts'
+import accountRoutes, { ACCOUNT_SCHEMAS } from './account/account.routes.ts'
+import accountPages from './account/account-pages.ts'
+import { BackgroundTasks } from './lib/background.ts'
+import { deleteTokensEndedBefore } from './tokens/tokens.repository.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
 import { deviceKeyOf } from './sessions/device-trust.ts'
@@ -108,16 +112,17 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at
  * the callback (the authorisation code and the state, which together finish a
- * sign-in), and the tokens an OAuth answer may carry. No other gatehouse
+ * sign-in), the tokens an OAuth answer may carry, and the `token` of an
+ * invitation, password-reset or e-mail link (docs/email.md). No other gatehouse
  * operation takes a parameter of these names, so they are redacted wherever
  * they appear.
  */
-const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token'])
+const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token', 'token'])
 
 /**
  * Request log lines carry the path, never a credential given in the query
@@ -273,6 +278,9 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const dummyHashing = passwords.hash(randomSecret('dummy_'))
   dummyHashing.catch(() => {}) // a failure surfaces at the await below, not as an unhandled rejection meanwhile
   const deviceKey = deviceKeyOf(db)
+  // What a request started and does not wait for (a password-reset request's look-up), finished before the database closes.
+  const background = new BackgroundTasks(app.log)
+  app.addHook('preClose', async () => { await background.drain() })
 
   registerErrorHandling(app)
   for (const schema of [...SHARED_SCHEMAS, ...WEBHOOK_SCHEMAS]) app.addSchema(schema)
@@ -358,6 +366,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       if (removed.sessions > 0 || removed.addresses > 0) app.log.info({ removed }, 'purged old sessions and sign-in addresses')
       const mails = await deleteFinishedMailBefore(db, new Date(Date.now() - MAIL_RETENTION_MS).toISOString())
       if (mails > 0) app.log.info({ removed: { mails } }, 'purged mail sent or given up more than 30 days ago')
+      // Invitation, reset and confirmation tokens a day past their end: the event log keeps what happened.
+      await deleteTokensEndedBefore(db, new Date(Date.now() - 86_400_000).toISOString())
       const idempotencyKeys = await purgeIdempotencyKeys(db)
       if (idempotencyKeys > 0) app.log.info({ removed: { idempotencyKeys } }, 'purged idempotency keys older than a day')
     } catch (err) {
@@ -400,6 +410,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(oidcRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(consoleRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(setupRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
+    await api.register(accountRoutes, { db, passwords, failures, config, dummyHash, deviceKey, background })
+    await api.register(accountPages, { db, passwords, failures, config, dummyHash, deviceKey, background })
     await api.register(landingRoutes)
   }, { prefix: config.basePath })
 

@@ -125,6 +125,14 @@ export interface Config {
   oidcProviders: OidcProviderSettings[]
   /** The origin browsers reach gatehouse at, for OIDC redirect URIs; the request's own origin when unset. */
   oidcRedirectOrigin: string | undefined
+  /** How long an invitation link and code work (INVITATION_LIFETIME_HOURS, default 72). */
+  invitationLifetimeMs: number
+  /** How long a password-reset link and code work (PASSWORD_RESET_LIFETIME_MINUTES, default 60). */
+  passwordResetLifetimeMs: number
+  /** How long an e-mail confirmation link and code work (EMAIL_VERIFICATION_LIFETIME_HOURS, default 24). */
+  emailVerificationLifetimeMs: number
+  /** Password-reset requests per address typed, per account and per client address, in an hour (PASSWORD_RESET_MAX_PER_HOUR). */
+  passwordResetMaxPerHour: number
   /** The product's name in mail (and wherever gatehouse names the product to people). */
   productName: string
   /**
@@ -236,6 +244,10 @@ const DEFAULTS: Config = {
   ldap: undefined,
   oidcProviders: [],
   oidcRedirectOrigin: undefined,
+  invitationLifetimeMs: 72 * 3_600_000,
+  passwordResetLifetimeMs: 3_600_000,
+  emailVerificationLifetimeMs: 24 * 3_600_000,
+  passwordResetMaxPerHour: 5,
   productName: 'gatehouse',
   publicUrl: undefined,
   smtpUrl: undefined,
@@ -356,6 +368,10 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.webauthnRpId = str('WEBAUTHN_RP_ID')
   c.webauthnOrigins = (str('WEBAUTHN_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   c.passwordSignIn = bool('PASSWORD_SIGN_IN', c.passwordSignIn)
+  c.invitationLifetimeMs = int('INVITATION_LIFETIME_HOURS', c.invitationLifetimeMs / 3_600_000) * 3_600_000
+  c.passwordResetLifetimeMs = int('PASSWORD_RESET_LIFETIME_MINUTES', c.passwordResetLifetimeMs / 60_000) * 60_000
+  c.emailVerificationLifetimeMs = int('EMAIL_VERIFICATION_LIFETIME_HOURS', c.emailVerificationLifetimeMs / 3_600_000) * 3_600_000
+  c.passwordResetMaxPerHour = int('PASSWORD_RESET_MAX_PER_HOUR', c.passwordResetMaxPerHour)
   const oidcProviders = str('OIDC_PROVIDERS')
   if (oidcProviders !== undefined) {
     try {
@@ -408,6 +424,10 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
 }
 
 function validate (c: Config): Config {
+  for (const [name, ms] of [['INVITATION_LIFETIME_HOURS', c.invitationLifetimeMs], ['PASSWORD_RESET_LIFETIME_MINUTES', c.passwordResetLifetimeMs], ['EMAIL_VERIFICATION_LIFETIME_HOURS', c.emailVerificationLifetimeMs]] as const) {
+    if (ms <= 0) throw new ConfigError(`${name} must be at least 1`)
+  }
+  if (c.passwordResetMaxPerHour < 1) throw new ConfigError('PASSWORD_RESET_MAX_PER_HOUR must be at least 1')
   if (!/^(\/[A-Za-z0-9._~-]+)*$/.test(c.basePath)) {
     throw new ConfigError(`BASE_PATH must look like /auth (no trailing slash), got "${c.basePath}"`)
   }

@@ -342,6 +342,17 @@ for (const dialect of dialects()) {
       { name: 'the API (POST /auth/api/users)', actor: 'api_key', extraKeys: [], create: viaApi('/auth/api/users') },
       { name: 'the 3.6.1 path (POST /auth/users)', actor: 'api_key', extraKeys: [], create: viaApi('/auth/users') },
       {
+        // The invited user is pending until they accept; `invited: true` marks the door in the event.
+        name: 'an invitation (POST /auth/api/users with invite: true)',
+        actor: 'api_key',
+        extraKeys: ['invited'],
+        create: async (input) => {
+          const res = await api('POST', '/auth/api/users', { ...input, groups: [GROUP], invite: true })
+          assert.equal(res.statusCode, 201, res.body)
+          return { id: res.json().id, expected: { ...asCreated(input), invitation_pending: true }, password: false }
+        }
+      },
+      {
         name: 'the console\'s create form',
         actor: 'user',
         extraKeys: [],

@@ -16,6 +16,9 @@ function positiveInt (value: string): number {
   return Number(value)
 }
 
+/** What the service answers for an invitation or an issued reset link (the Invitation and PasswordResetLink schemas). */
+interface ApiInvitation { mailed: boolean, expires_at: string, url?: string, code?: string }
+
 function userRows (users: ApiUser[]): string[][] {
   return users.map(u => [u.id, u.username, cell(u.email), [u.first_name, u.last_name].filter(Boolean).join(' '), u.role, cell(u.groups), u.disabled ? 'yes' : ''])
 }
@@ -141,6 +144,81 @@ export function registerUsers (program: Command): void {
         }
       } finally {
         await db?.end()
+      }
+    })
+
+  users.command('invite')
+    .description('invite a new user to choose their own password (mailed to them, or printed to hand over when the service sends no mail); ' +
+      'with --resend a new link for a pending user (the earlier stops working), with --revoke end their link')
+    .argument('<user>', 'the new user\'s username; with --resend or --revoke, a user id or username')
+    .option('--email <address>', 'email address (where the invitation is mailed)')
+    .option('--first-name <name>', 'first name')
+    .option('--last-name <name>', 'last name')
+    .option('--role <role>', 'admin or user (default user)')
+    .option('--group <group>', 'a group; repeat for several', collect)
+    .option('--resend', 'send a pending user a new invitation')
+    .option('--revoke', 'end a pending user\'s invitation link and code')
+    .option('--json', 'print JSON')
+    .action(async (target: string, options: UserFieldOptions & { resend?: boolean, revoke?: boolean }) => {
+      if (options.resend === true && options.revoke === true) throw new UsageError('give --resend or --revoke, not both')
+      const existing = options.resend === true || options.revoke === true
+      if (existing && [options.email, options.firstName, options.lastName, options.role, options.group].some(o => o !== undefined)) {
+        throw new UsageError('--resend and --revoke take no user fields; change the user with gatehouse users update')
+      }
+      const client = ApiClient.fromEnv()
+      if (options.revoke === true) {
+        const user = await client.resolveUser(target)
+        await client.request('DELETE', `/api/users/${user.id}/invitation`)
+        if (options.json === true) printJson({ revoked: { id: user.id, username: user.username } })
+        else printLine(`Revoked the invitation of ${user.username} (${user.id}); they stay pending: resend it, or delete them`)
+        return
+      }
+      let user: ApiUser
+      let invitation: ApiInvitation
+      if (options.resend === true) {
+        user = await client.resolveUser(target)
+        invitation = (await client.request<ApiInvitation>('POST', `/api/users/${user.id}/invitation`)).body
+      } else {
+        const body: Record<string, unknown> = { username: target, invite: true }
+        if (options.email !== undefined) body.email = options.email
+        if (options.firstName !== undefined) body.first_name = options.firstName
+        if (options.lastName !== undefined) body.last_name = options.lastName
+        if (options.role !== undefined) body.role = options.role
+        if (options.group !== undefined) body.groups = options.group
+        const created = (await client.request<ApiUser & { invitation: ApiInvitation }>('POST', '/api/users', { body })).body
+        invitation = created.invitation
+        user = created
+      }
+      if (options.json === true) {
+        printJson({ user: { id: user.id, username: user.username, email: user.email }, invitation })
+        return
+      }
+      printLine(`${options.resend === true ? 'Sent a new invitation to' : 'Invited'} ${user.username} (${user.id})`)
+      if (invitation.mailed) {
+        printLine(`Mailed to ${user.email ?? ''}; the link works once, until ${invitation.expires_at}`)
+      } else {
+        printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${invitation.expires_at}:`)
+        printLine(invitation.url ?? '')
+        printLine(`Or they type their username and the code ${invitation.code ?? ''} at the invitation page.`)
+      }
+    })
+
+  users.command('reset-password')
+    .description('issue a one-time link for the user to choose a new password: mailed to them, or printed to hand over when the service sends no mail')
+    .argument('<user>', 'user id or username')
+    .option('--json', 'print JSON')
+    .action(async (target: string, options: { json?: boolean }) => {
+      const client = ApiClient.fromEnv()
+      const user = await client.resolveUser(target)
+      const link = (await client.request<ApiInvitation>('POST', `/api/users/${user.id}/password-reset`)).body
+      if (options.json === true) {
+        printJson({ user: { id: user.id, username: user.username, email: user.email }, password_reset: link })
+      } else if (link.mailed) {
+        printLine(`Mailed a password-reset link to ${user.username} at ${user.email ?? ''}; it works once, until ${link.expires_at}`)
+      } else {
+        printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${link.expires_at}:`)
+        printLine(link.url ?? '')
+        printLine(`Or they type their username and the code ${link.code ?? ''} at the reset page.`)
       }
     })
 

@@ -174,6 +174,7 @@ export function parseCreate (fields: Fields, policy: PasswordPolicy): Parsed<Use
   if (values.first_name !== '') input.first_name = values.first_name
   if (values.last_name !== '') input.last_name = values.last_name
   if (password !== '') input.password = password
+  if (text(fields, 'invite') === 'true') input.invite = true
   return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: withPasswordRule(fieldErrors(checkCreate.errors), password, values.username, policy) }
 }
 

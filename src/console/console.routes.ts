@@ -9,6 +9,7 @@ import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
 import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
 import { sendHtmlPage } from '../lib/html.ts'
+import { issuePasswordReset } from '../password-resets/password-resets.service.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { type SessionsDeps } from '../sessions/sessions.types.ts'
@@ -36,9 +37,12 @@ import {
   etagOf,
   getSignInState,
   getUser,
+  inviteUser,
   listUsersPage,
+  revokeInvitation,
   unlockUser,
   updateUserById,
+  type IssuedInvitation,
   type UsersDeps
 } from '../users/users.service.ts'
 import {
@@ -117,7 +121,11 @@ const NOTICES: Record<string, string> = {
   'webhook-enabled': 'Endpoint enabled: its queued deliveries are sent again.',
   'webhook-disabled': 'Endpoint disabled: nothing is sent to it; new events still queue for it.',
   retried: 'Delivery queued: it is sent again shortly.',
-  'mfa-reset': 'Second factor reset: the authenticator app, passkeys and recovery codes are removed.'
+  'mfa-reset': 'Second factor reset: the authenticator app, passkeys and recovery codes are removed.',
+  invited: 'User created and invited: the invitation was mailed to them.',
+  'invitation-sent': 'Invitation sent again: the earlier link and code stopped working.',
+  'invitation-revoked': 'Invitation revoked: its link and code stopped working. Resend it, or delete the user.',
+  'reset-sent': 'A password-reset link was mailed to the user; the earlier one stopped working.'
 }
 
 /** An event filter's value that is an id rather than a username: a UUID, or `cli` (the command line's actor). */
@@ -133,7 +141,7 @@ declare module 'fastify' {
 export default async function consoleRoutes (app: FastifyTypeBox, sessions: SessionsDeps): Promise<void> {
   const base = app.config.basePath
   const admin = `${base}/admin`
-  const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config) }
+  const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config), invitations: app.config }
   app.decorateRequest('consoleUser', undefined)
 
   const viewOf = (request: FastifyRequest, notice?: SafeHtml | string): ViewContext =>
@@ -229,14 +237,17 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   app.post('/admin/users', { schema: hidden, ...formPost }, async (request, reply) => {
     const fields = (request.body ?? {}) as Fields
     const parsed = parseCreate(fields, deps.passwordPolicy)
-    if (!parsed.ok) return sendPage(reply, 422, newUserPage(viewOf(request), formValuesFrom(fields), parsed.errors))
+    const invite = text(fields, 'invite') === 'true'
+    if (!parsed.ok) return sendPage(reply, 422, newUserPage(viewOf(request), formValuesFrom(fields), parsed.errors, undefined, invite))
     try {
-      const { user } = await createUser(deps, request.principal!, requestContext(request), parsed.value)
-      return await seeOther(reply, `${admin}/users/${user.id}?done=created`)
+      const { user, invitation } = await createUser(deps, request.principal!, requestContext(request), parsed.value)
+      // An unmailed invitation's link is shown on this answer only: a redirect would put it in the address bar and history.
+      if (invitation !== undefined && !invitation.mailed) return await renderUser(request, reply, 201, user.id, { created: true, invitation: shownInvitation(invitation) }, 'User created and invited.')
+      return await seeOther(reply, `${admin}/users/${user.id}?done=${invitation !== undefined ? 'invited' : 'created'}`)
     } catch (error) {
       const field = error instanceof AppError ? fieldOfError(error) : undefined
       if (field === undefined) throw error
-      return sendPage(reply, (error as AppError).status, newUserPage(viewOf(request), formValuesFrom(fields), { [field]: (error as AppError).detail.replace(/\.$/, '') }))
+      return sendPage(reply, (error as AppError).status, newUserPage(viewOf(request), formValuesFrom(fields), { [field]: (error as AppError).detail.replace(/\.$/, '') }, undefined, invite))
     }
   })
 
@@ -297,6 +308,33 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
       return await seeOther(reply, `${admin}/users/${id}?done=${action}d`)
     })
   }
+
+  const shownInvitation = (invitation: IssuedInvitation): UserView['invitation'] =>
+    invitation.url !== undefined && invitation.code !== undefined ? { url: invitation.url, code: invitation.code, expires_at: invitation.expires_at } : undefined
+
+  app.post('/admin/users/:user_id/invitation', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    const invitation = await inviteUser(deps, request.principal!, requestContext(request), id)
+    if (!invitation.mailed) return await renderUser(request, reply, 200, id, { invitation: shownInvitation(invitation) }, 'A new invitation link: the earlier one stopped working.')
+    return await seeOther(reply, `${admin}/users/${id}?done=invitation-sent`)
+  })
+
+  app.post('/admin/users/:user_id/password-reset', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    const id = request.params.user_id
+    try {
+      const link = await issuePasswordReset({ db: app.db, config: app.config }, request.principal!, requestContext(request), id)
+      if (link.mailed) return await seeOther(reply, `${admin}/users/${id}?done=reset-sent`)
+      return await renderUser(request, reply, 200, id, { resetLink: { url: link.url!, code: link.code!, expires_at: link.expires_at } }, 'A password-reset link: the earlier one stopped working.')
+    } catch (error) {
+      if (!(error instanceof AppError) || error.status !== 409) throw error
+      return await renderUser(request, reply, 409, id, { blocked: error.detail })
+    }
+  })
+
+  app.post('/admin/users/:user_id/invitation/revoke', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
+    await revokeInvitation(deps, request.principal!, requestContext(request), request.params.user_id)
+    return await seeOther(reply, `${admin}/users/${request.params.user_id}?done=invitation-revoked`)
+  })
 
   app.post('/admin/users/:user_id/unlock', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
     const cleared = await unlockUser(deps, request.principal!, requestContext(request), request.params.user_id)

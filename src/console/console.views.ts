@@ -154,11 +154,13 @@ ${view.nextCursor !== undefined ? html`<a href="${list}${queryOf({ ...filters, c
   return layout(ctx, 'Users', 'users', body)
 }
 
-export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: FieldErrors, general?: string): string {
+export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: FieldErrors, general?: string, invite = false): string {
   const body = html`<h1>Create a user</h1>
 ${errorSummary(errors, general)}
 <form class="panel" method="post" action="${ctx.base}/admin/users" novalidate>
 ${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username.')}
+<div class="field"><label class="check"><input type="checkbox" name="invite" value="true" aria-describedby="invite-hint"${invite ? html` checked` : ''}> Invite user</label>
+<p class="hint" id="invite-hint">Leave the field above empty: they get a one-time link (mailed to them or, without mail, shown here to hand over) and choose their own.</p></div>
 <div class="actions"><button type="submit">Create user</button><a href="${ctx.base}/admin/users">Cancel</a></div>
 </form>`
   return layout(ctx, 'Create a user', 'users', body)
@@ -201,6 +203,10 @@ export interface UserView {
   /** Why an action was refused (the last-admin rule), shown above the actions. */
   blocked?: string | undefined
   created?: boolean
+  /** An invitation just issued and not mailed: its link and code, shown this once to hand over. */
+  invitation?: { url: string, code: string, expires_at: string } | undefined
+  /** A password-reset link just issued and not mailed, shown this once. */
+  resetLink?: { url: string, code: string, expires_at: string } | undefined
 }
 
 /** How a value in an event's data reads: lists joined, nothing as a dash, secrets as the API shows them ("[redacted]"). */
@@ -285,10 +291,29 @@ ${view.created === true
 ? html`<section class="panel" aria-labelledby="db-title"><h2 id="db-title">Next, if they need one: the database user</h2>
 <p>gatehouse keeps its own accounts only. If ${user.username} also needs an account in the service's relational database, run:</p>${dbUserCommand(user.username, 'create')}</section>`
 : ''}
+${view.invitation !== undefined
+? html`<section class="panel" aria-labelledby="invite-link-title"><h2 id="invite-link-title">Invitation link for ${user.username}</h2>
+<p>No mail is sent here (no SMTP_URL): hand this link to ${user.username} yourself. It is shown this once, works once, until ${date(view.invitation.expires_at)}.</p>
+<div class="secret"><code id="invitation-link">${view.invitation.url}</code><button type="button" data-copy="invitation-link" hidden>Copy link</button></div>
+<p>Or they open the invitation page and type their username and the code <code id="invitation-code">${view.invitation.code}</code>.</p></section>`
+: ''}
+${view.resetLink !== undefined
+? html`<section class="panel" aria-labelledby="reset-link-title"><h2 id="reset-link-title">Password-reset link for ${user.username}</h2>
+<p>No mail is sent here (no SMTP_URL): hand this link to ${user.username} yourself. It is shown this once, works once, until ${date(view.resetLink.expires_at)}.</p>
+<div class="secret"><code id="reset-link">${view.resetLink.url}</code><button type="button" data-copy="reset-link" hidden>Copy link</button></div>
+<p>Or they open the reset page and type their username and the code <code id="reset-code">${view.resetLink.code}</code>.</p></section>`
+: ''}
+${user.invitation_pending
+? html`<section class="panel" aria-labelledby="invitation-title"><h2 id="invitation-title">Invitation pending</h2>
+<p>${user.username} has not accepted the invitation yet, and cannot sign in until they do. Resending makes a new link and code; the earlier ones stop working.</p>
+<div class="actions"><form method="post" action="${url}/invitation"><button type="submit">Resend invitation</button></form>
+<form method="post" action="${url}/invitation/revoke"><button type="submit" class="secondary">Revoke invitation</button></form></div></section>`
+: ''}
 <section class="panel" aria-labelledby="facts-title"><h2 id="facts-title">Account</h2>
 <dl class="facts">
 <dt>ID</dt><dd><code id="user-id">${user.id}</code></dd>
-<dt>Status</dt><dd>${user.disabled ? 'disabled' : 'enabled'}</dd>
+<dt>Status</dt><dd>${user.disabled ? 'disabled' : 'enabled'}${user.invitation_pending ? '; invited, not yet accepted' : ''}</dd>
+<dt>Email</dt><dd>${user.email === null ? 'none' : html`${user.email} (${user.email_verified ? 'confirmed' : 'not confirmed'})`}</dd>
 <dt>Created</dt><dd>${date(user.created_at)}</dd>
 <dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
 <dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
@@ -310,10 +335,11 @@ ${user.disabled
   ? html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`
   : html`<form method="post" action="${url}/disable" data-confirm="Disable ${user.username}? Their sessions end and their API keys are revoked." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`}
 <form method="post" action="${url}/unlock"><button type="submit" class="secondary">Reset sign-in lock</button></form>
+${user.invitation_pending || user.disabled || !user.password_sign_in ? '' : html`<form method="post" action="${url}/password-reset"><button type="submit" class="secondary">Password-reset link</button></form>`}
 <form method="post" action="${url}/end-sessions" data-confirm="End every session of ${user.username}? They will have to sign in again." data-confirm-label="End sessions"><button type="submit" class="secondary">End sessions</button></form>
 <a class="button danger" href="${url}/delete">Delete…</a>
 </div>
-<p class="hint">Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
+<p class="hint">Password-reset link lets them choose a new password themselves: mailed to them, or shown here to hand over. Reset sign-in lock lifts the lock repeated wrong passwords put on the account and sets the count to 0. End sessions signs them out everywhere; API keys stay.</p>
 </section>
 ${mfaSection(url, user, view.mfa)}
 ${sessionsSection(url, user, view.sessions)}

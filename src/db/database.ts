@@ -50,6 +50,10 @@ export interface UsersTable {
   locked_until: NullableTimestamp
   /** False: this user signs in only through an identity provider (or a passkey). */
   password_sign_in: ColumnType<boolean | number, boolean | undefined, boolean>
+  /** The address in `email` was confirmed by a link or code mailed to it (migration 0015). */
+  email_verified: ColumnType<boolean | number, boolean | undefined, boolean>
+  /** Invited and not yet accepted: no password signs in until the invitation sets one. */
+  invitation_pending: ColumnType<boolean | number, boolean | undefined, boolean>
 }
 
 export interface SessionsTable {
@@ -280,6 +284,23 @@ export interface IdempotencyKeysTable {
   created_at: Timestamp
 }
 
+export type AccountTokenPurpose = 'invitation' | 'password_reset' | 'email_verification'
+
+/** A one-time token of an invitation, password reset or e-mail verification (migration 0015); only digests. */
+export interface AccountTokensTable {
+  id: string
+  user_id: string
+  purpose: AccountTokenPurpose
+  digest: string
+  code_digest: string
+  code_failures: ColumnType<number, number | undefined, number>
+  email: string | null
+  created_at: Timestamp
+  expires_at: Timestamp
+  used_at: NullableTimestamp
+  ended_reason: string | null
+}
+
 /** The mail outbox (migration 0014): one row per message. */
 export interface MailOutboxTable {
   id: string
@@ -324,6 +345,7 @@ export interface Database {
   oidc_providers: OidcProvidersTable
   oidc_logins: OidcLoginsTable
   idempotency_keys: IdempotencyKeysTable
+  account_tokens: AccountTokensTable
   mail_outbox: MailOutboxTable
 }
 

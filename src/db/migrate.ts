@@ -12,6 +12,7 @@ import * as m0009 from './migrations/0009_events_occurred_at.ts'
 import * as m0010 from './migrations/0010_idempotency_keys.ts'
 import * as m0011 from './migrations/0011_session_details.ts'
 import * as m0014 from './migrations/0014_mail.ts'
+import * as m0015 from './migrations/0015_account_tokens.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -26,7 +27,8 @@ const migrations: Record<string, Migration> = {
   '0009_events_occurred_at': m0009,
   '0010_idempotency_keys': m0010,
   '0011_session_details': m0011,
-  '0014_mail': m0014
+  '0014_mail': m0014,
+  '0015_account_tokens': m0015
 }
 
 /**

@@ -11,6 +11,9 @@ export const EVENT_TYPES = [
   'user.identity_linked',
   'user.identity_unlinked', 'user.sso_login_succeeded', 'user.sso_login_failed',
   'sso_provider.created', 'sso_provider.updated', 'sso_provider.deleted',
+  'user.invited', 'user.invitation_revoked', 'user.invitation_accepted',
+  'user.password_reset_requested', 'user.password_reset',
+  'user.email_verification_sent', 'user.email_verified',
   'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed',
   'mail.sent', 'mail.failed'
 ] as const

@@ -68,6 +68,19 @@ interface KeyedRequest {
  * "Retry-safe writes"). Only those routes get the hooks, and only requests
  * that send the header touch the table.
  */
+/** Answers kept for a retry in place of the one sent; see replayWith. */
+const replayBodies = new WeakMap<FastifyRequest, unknown>()
+
+/**
+ * Keeps `body` (JSON), not the answer being sent, for a retry with the same
+ * Idempotency-Key: for an answer holding a secret that must never be stored
+ * (an invitation's link and code, kept only as digests). The retry gets the
+ * same status and headers, without the secret.
+ */
+export function replayWith (request: FastifyRequest, body: unknown): void {
+  replayBodies.set(request, body)
+}
+
 export default fp(async function idempotencyPlugin (app: FastifyInstance) {
   const keyed = new WeakMap<FastifyRequest, KeyedRequest>()
 
@@ -117,7 +130,7 @@ export default fp(async function idempotencyPlugin (app: FastifyInstance) {
     if (state?.held === undefined || state.finished === true) return payload
     state.finished = true
     // A streamed answer is not kept: the key is freed instead (no idempotent route streams today).
-    const body = bytesOf(payload)
+    const body = replayBodies.has(request) ? Buffer.from(JSON.stringify(replayBodies.get(request)), 'utf8') : bytesOf(payload)
     let answer: StoredAnswer | undefined
     if (body !== undefined) {
       const headers: Record<string, string> = {}

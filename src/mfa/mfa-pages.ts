@@ -16,6 +16,8 @@ import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
 import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof, type ReauthProof } from './mfa.service.ts'
 import { relyingParty } from './mfa.http.ts'
+import { sendEmailVerification } from '../email-verification/email-verification.service.ts'
+import { getUser } from '../users/users.service.ts'
 
 const STYLE = `body{font:16px/1.5 system-ui,sans-serif;margin:0;min-height:100vh;display:grid;place-items:center;background:#f4f5f7;color:#1b1d21}
 main{background:#fff;padding:2rem;border-radius:8px;box-shadow:0 1px 4px #0002;width:min(26rem,90vw)}
@@ -282,9 +284,29 @@ ${passkeys}
 </form>
 <h2>Recovery codes</h2>
 ${codes}
+<h2 id="email-title">E-mail address</h2>
+${await emailSection(principal)}
 <h2 id="sessions-title">Where you're signed in</h2>
 ${sessionsList(await listOwnSessions(deps, principal))}
 <form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, options.error)
+  }
+
+  /** The address and whether it is confirmed; a new one is mailed a link and takes effect once confirmed (docs/email.md). */
+  const emailSection = async (principal: Principal): Promise<string> => {
+    const user = (await getUser({ db: deps.db }, principal.userId!)).user
+    const state = user.email === null
+      ? '<p id="email-state">None.</p>'
+      : `<p id="email-state"><strong>${escapeHtml(user.email)}</strong>: ${user.email_verified ? 'confirmed' : 'not confirmed'}.</p>`
+    const confirmCurrent = user.email !== null && !user.email_verified
+      ? `<form method="post" action="${accountPath}/email"><button type="submit" class="secondary">Confirm this address</button></form>\n`
+      : ''
+    return `${state}
+${confirmCurrent}<form method="post" action="${accountPath}/email">
+<label for="new-email">New address</label>
+<input id="new-email" name="email" type="email" autocomplete="email" maxlength="254" required>
+<button type="submit">Change address</button>
+</form>
+<p class="meta">A new address takes effect once you follow the link mailed to it; the current one is then told.</p>`
   }
 
   /** The user's live sessions, this browser's first, each other one with an End button. */
@@ -360,6 +382,17 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
       const { current } = await endOwnSession(app.db, requestContext(request), principal, (request.params as { session_id: string }).session_id)
       if (current) return await reply.code(303).header('Location', `${basePath}/login`).send()
       return await reply.code(303).header('Location', `${accountPath}?sessions_ended=1`).send()
+    })
+  })
+
+  app.post('/account/email', form, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    const email = field(request.body, 'email', 254).trim()
+    return await orAccountPage(reply, principal, async () => {
+      if (email !== '' && !/^[^\s@]+@[^\s@]+$/.test(email)) throw new AppError('validation_failed', 422, 'That is not an e-mail address.')
+      const sent = await sendEmailVerification({ db: deps.db, failures: deps.failures, config: app.config }, principal, requestContext(request), email === '' ? undefined : email)
+      return send(reply, 202, await accountPage(principal, { notice: `A confirmation link was mailed to ${sent.email}; it works until ${sent.expires_at.slice(0, 16).replace('T', ' ')} UTC.` }))
     })
   })
 

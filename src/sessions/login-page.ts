@@ -13,7 +13,7 @@ import { CSP, STYLE } from '../lib/page-style.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
 import { signInProviders } from '../sso/oidc.service.ts'
 
-function passwordFormHtml (basePath: string, options: { next: string | undefined, username?: string, error?: string }): string {
+function passwordFormHtml (basePath: string, options: { next: string | undefined, username?: string, error?: string, forgot?: boolean }): string {
   return `<form method="post" action="${basePath}/login"${options.error !== undefined ? ' aria-describedby="error"' : ''}>
 ${options.next !== undefined ? `<input type="hidden" name="next" value="${escapeHtml(options.next)}">\n` : ''}<label for="username">Username or email</label>
 <input id="username" name="username" autocomplete="username" required autofocus value="${escapeHtml(options.username ?? '')}">
@@ -21,11 +21,11 @@ ${options.next !== undefined ? `<input type="hidden" name="next" value="${escape
 <input id="password" name="password" type="password" autocomplete="current-password" required>
 <button type="submit">Sign in</button>
 </form>
-`
+${options.forgot === true ? `<p><a href="${basePath}/forgot-password">Forgot password?</a></p>\n` : ''}`
 }
 
 /** `passwordForm: false`: PASSWORD_SIGN_IN=off with no directory configured, so no password could open anything and no form asks for one. */
-function page (basePath: string, options: { next: string | undefined, username?: string, error?: string, providers?: Array<{ id: string, displayName: string }>, passwordForm?: boolean }): string {
+function page (basePath: string, options: { next: string | undefined, username?: string, error?: string, providers?: Array<{ id: string, displayName: string }>, passwordForm?: boolean, forgot?: boolean }): string {
   const query = options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''
   // One link per enabled OpenID Connect provider (docs/sso.md).
   const sso = (options.providers ?? []).map(p => `<p><a class="sso" href="${basePath}/sso/${p.id}/start${query}">Sign in with ${escapeHtml(p.displayName)}</a></p>\n`).join('')
@@ -100,6 +100,8 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
   // Without a usable next: the web UI's start page if one is configured, else the signed-in page.
   const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
   const passwordForm = app.config.passwordSignIn || app.config.ldap !== undefined
+  // Reset is for local passwords: offered only where they are used at all (docs/email.md#password-reset).
+  const pageOf = (options: Parameters<typeof page>[1]): string => page(basePath, { ...options, forgot: app.config.passwordSignIn })
 
   app.get('/login', { schema: { hide: true } }, async (request, reply) => {
     const next = sameOriginRedirect((request.query as Record<string, unknown>).next)
@@ -108,7 +110,7 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
     if (principal?.user != null) {
       return sendPage(reply, 200, signedInPage(basePath, principal.user, next ?? app.config.loginDefaultNext))
     }
-    return sendPage(reply, 200, page(basePath, { next, passwordForm, providers: await signInProviders(deps.db, app.config) }))
+    return sendPage(reply, 200, pageOf({ next, passwordForm, providers: await signInProviders(deps.db, app.config) }))
   })
 
   app.post('/login', hide, async (request: FastifyRequest, reply) => {
@@ -128,14 +130,14 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
       if (!(error instanceof AppError)) throw error
       if (error.code === 'rate_limited') {
         for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
-        return sendPage(reply, 429, page(basePath, { next, username, providers: await signInProviders(deps.db, app.config), error: 'Too many failed sign-ins. Wait a few minutes, then try again.' }))
+        return sendPage(reply, 429, pageOf({ next, username, providers: await signInProviders(deps.db, app.config), error: 'Too many failed sign-ins. Wait a few minutes, then try again.' }))
       }
       if (error.code === 'password_sign_in_disabled' || error.code === 'directory_unavailable') {
         for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
-        return sendPage(reply, error.status, page(basePath, { next, username, passwordForm, providers: await signInProviders(deps.db, app.config), error: error.detail }))
+        return sendPage(reply, error.status, pageOf({ next, username, passwordForm, providers: await signInProviders(deps.db, app.config), error: error.detail }))
       }
       if (error.code !== 'invalid_credentials') throw error
-      return sendPage(reply, 401, page(basePath, { next, username, providers: await signInProviders(deps.db, app.config), error: 'Sign-in failed. Check your username and password.' }))
+      return sendPage(reply, 401, pageOf({ next, username, providers: await signInProviders(deps.db, app.config), error: 'Sign-in failed. Check your username and password.' }))
     }
   })
 

@@ -81,7 +81,7 @@ export async function openSession (
       // A known client getting in does not lift a lock that strangers are still running into.
       .set({ last_login_at: at, ...(locked ? {} : { failed_logins: 0, locked_until: null }), ...(rehash !== undefined ? { password_hash: rehash } : {}) })
       .where('id', '=', userId)
-      .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
+      .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in', 'email_verified', 'invitation_pending', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
       .executeTakeFirstOrThrow()
     await insertSession(trx, {
       id: sessionId,

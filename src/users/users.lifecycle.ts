@@ -5,6 +5,7 @@ import { recordEvent, REDACTED } from '../events/events.repository.ts'
 import { revokeKeysRecorded } from '../api-keys/api-keys.repository.ts'
 import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { endLiveTokens } from '../tokens/tokens.repository.ts'
 import {
   deleteUser,
   findUserById,
@@ -48,6 +49,8 @@ export interface NewUser {
   groups?: string[] | undefined
   disabled?: boolean | undefined
   password_sign_in?: boolean | undefined
+  /** Invited: no password until the invitation is accepted (docs/email.md#invitations). */
+  invitation_pending?: boolean | undefined
 }
 
 /** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
@@ -66,6 +69,7 @@ export function newUserRow (input: NewUser, passwordHash: string | null, hasPass
     groups: JSON.stringify(input.groups ?? []),
     disabled: input.disabled ?? false,
     password_sign_in: input.password_sign_in ?? true,
+    invitation_pending: input.invitation_pending ?? false,
     password_hash: passwordHash,
     version: 1,
     created_at: now,
@@ -111,8 +115,12 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
   })))
 }
 
-/** What a door may change about a user; `password_hash` is a hash made before the transaction. */
-export type UserChanges = Partial<NewUser> & { password_hash?: string | undefined }
+/**
+ * What a door may change about a user; `password_hash` is a hash made before
+ * the transaction. `email_verified` is set by a confirmation only; a new
+ * `email` without it is unverified.
+ */
+export type UserChanges = Partial<NewUser> & { password_hash?: string | undefined, email_verified?: boolean | undefined }
 
 export interface ChangeOptions {
   /**
@@ -195,6 +203,12 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
     update.email = changes.email
     update.email_key = changes.email?.toLowerCase() ?? null
   }
+  // A new address is unverified until its own confirmation says otherwise.
+  const emailVerified = changes.email_verified ?? (update.email !== undefined ? false : undefined)
+  if (emailVerified !== undefined && note('email_verified', emailVerified)) update.email_verified = emailVerified
+  // A password set for a user still invited (by an admin, or by accepting) ends the invitation.
+  const invitationPending = changes.invitation_pending ?? (changes.password_hash !== undefined && old.invitation_pending ? false : undefined)
+  if (invitationPending !== undefined && note('invitation_pending', invitationPending)) update.invitation_pending = invitationPending
   if (changes.first_name !== undefined && note('first_name', changes.first_name)) update.first_name = changes.first_name
   if (changes.last_name !== undefined && note('last_name', changes.last_name)) update.last_name = changes.last_name
   if (role !== undefined && note('role', role)) update.role = role
@@ -212,6 +226,10 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
+  if (old.invitation_pending && update.invitation_pending === false) await endLiveTokens(trx, id, 'invitation', changes.password_hash !== undefined ? 'password_set' : 'revoked')
+  if (update.email !== undefined) await endLiveTokens(trx, id, 'email_verification', 'replaced')
+  // A reset link mailed before a new password was set must not undo it.
+  if (changes.password_hash !== undefined) await endLiveTokens(trx, id, 'password_reset', 'password_changed')
   if (changes.disabled === true && !old.disabled) {
     await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
     await endSessionsRecorded(trx, ctx, id, 'user_disabled')
@@ -233,6 +251,7 @@ export async function changeOwnPasswordRecorded (trx: Db, ctx: RequestContext, u
     .set({ password_hash: passwordHash, password_changed_at: at, updated_at: at, version: user.version + 1 })
     .where('id', '=', user.id).execute()
   await recordEvent(trx, ctx, 'user.password_changed', { type: 'user', id: user.id }, { by: 'self', password: REDACTED })
+  await endLiveTokens(trx, user.id, 'password_reset', 'password_changed')
   await endSessionsRecorded(trx, ctx, user.id, 'password_changed', keepSessionId)
   await revokeKeysRecorded(trx, ctx, user.id, 'password_changed')
 }

@@ -27,12 +27,14 @@ export interface NewUserRow {
   updated_at: string
   last_login_at: null
   password_changed_at: string | null
+  email_verified?: boolean
+  invitation_pending?: boolean
 }
 
 /** The columns a User is made of: never the password hash. */
 const PUBLIC_COLUMNS = [
   'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
-  'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
+  'email_verified', 'invitation_pending', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
 ] as const
 export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
 
@@ -278,6 +280,8 @@ const USER_JSON_SQLITE = sql<string>`json_object(
   'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
   'role', role, 'groups', json(groups), 'disabled', json(case when disabled then 'true' else 'false' end),
   'password_sign_in', json(case when password_sign_in then 'true' else 'false' end),
+  'email_verified', json(case when email_verified then 'true' else 'false' end),
+  'invitation_pending', json(case when invitation_pending then 'true' else 'false' end),
   'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
   'password_changed_at', password_changed_at)`
 
@@ -304,8 +308,10 @@ export async function clearSignInLock (db: Db, id: string): Promise<{ failed_log
   return before
 }
 
-/** A row not yet written may leave out `password_sign_in`: the column's default, true, is what it will be. */
-export function toUser (row: Omit<PublicUserRow, 'password_sign_in'> & { password_sign_in?: PublicUserRow['password_sign_in'] | undefined }): User {
+type Defaulted = 'password_sign_in' | 'email_verified' | 'invitation_pending'
+
+/** A row not yet written may leave out the columns with defaults (`password_sign_in` true, the others false): those are what they will be. */
+export function toUser (row: Omit<PublicUserRow, Defaulted> & Partial<Pick<PublicUserRow, Defaulted>>): User {
   return {
     id: row.id,
     username: row.username,
@@ -316,6 +322,8 @@ export function toUser (row: Omit<PublicUserRow, 'password_sign_in'> & { passwor
     groups: toStringArray(row.groups),
     disabled: toBool(row.disabled),
     password_sign_in: toBool(row.password_sign_in ?? true),
+    email_verified: toBool(row.email_verified ?? false),
+    invitation_pending: toBool(row.invitation_pending ?? false),
     created_at: toIso(row.created_at),
     updated_at: toIso(row.updated_at),
     last_login_at: toIso(row.last_login_at),

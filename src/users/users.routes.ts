@@ -8,9 +8,11 @@ import { setNextLink } from '../lib/paging.ts'
 import { FAMILIES, problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import {
   IfMatchHeaders,
+  Invitation,
   ListUsersQuery,
   User,
   UserCreate,
+  UserCreated,
   UserIdParams,
   UserImport,
   UserImportItem,
@@ -19,13 +21,16 @@ import {
   UserPatch
 } from './users.schemas.ts'
 import { AppError } from '../errors.ts'
+import { replayWith } from '../idempotency/idempotency.plugin.ts'
 import {
   createUser,
   deleteUserById,
   etagOf,
   getUser,
   importUsers,
+  inviteUser,
   listUsersPage,
+  revokeInvitation,
   passwordRuleErrors,
   streamUsersJson,
   unlockUser,
@@ -43,7 +48,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
   const deps: UsersDeps = {
     db: app.db,
     passwords: app.passwords,
-    passwordPolicy: passwordPolicyOf(app.config)
+    passwordPolicy: passwordPolicyOf(app.config),
+    invitations: app.config
   }
   const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)
@@ -97,6 +103,38 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     return await reply.code(204).send(null)
   })
 
+  const INVITATION_DOC = ' See docs/email.md#invitations.'
+  app.post('/api/users/:user_id/invitation', {
+    schema: {
+      tags: ['default'],
+      security: SECURITY,
+      operationId: 'invite_user',
+      summary: 'Send or Resend an Invitation',
+      description: 'Mails the user a new one-time link and code to set their password and sign in; the earlier link and code stop working ' +
+        '(`user.invited`, with `resent: true` for a pending user). A user who has neither a password nor a sign-in yet becomes `invitation_pending`. ' +
+        'Without SMTP nothing is mailed and the answer carries `url` and `code` to hand over. The link works for INVITATION_LIFETIME_HOURS (72 h).' + INVITATION_DOC,
+      params: UserIdParams,
+      response: { 200: { ...ref(Invitation), description: 'Issued.' }, ...problems(401, 403, 404, 409, 422, 503) }
+    },
+    config: { scope: 'users:write' }
+  }, async (request) => await inviteUser(deps, request.principal!, requestContext(request), request.params.user_id))
+
+  app.delete('/api/users/:user_id/invitation', {
+    schema: {
+      tags: ['default'],
+      security: SECURITY,
+      operationId: 'revoke_invitation',
+      summary: 'Revoke an Invitation',
+      description: 'The pending invitation\'s link and code stop working (`user.invitation_revoked`). The user stays pending: resend, or delete them.' + INVITATION_DOC,
+      params: UserIdParams,
+      response: { 204: { type: 'null', description: 'Revoked.' }, ...problems(401, 403, 404, 409, 422, 503) }
+    },
+    config: { scope: 'users:write' }
+  }, async (request, reply) => {
+    await revokeInvitation(deps, request.principal!, requestContext(request), request.params.user_id)
+    return await reply.code(204).send(null)
+  })
+
   for (const family of FAMILIES) {
     const base = `${family.prefix}/users`
     const common = { tags: [family.tag], deprecated: family.legacy || undefined, security: SECURITY }
@@ -107,22 +145,26 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
         operationId: family.operationId('create_user_users_post'),
         summary: 'Create User',
         description: 'Creates a user of the web UI. Takes JSON, form-urlencoded or multipart fields (all strings, as 3.6.1 clients send them). ' +
+          'With `invite: true` and no password the user is invited: mailed a one-time link to set their password, or, without SMTP, the answer\'s `invitation` ' +
+          'carries the link to hand over (docs/email.md#invitations). ' +
           'This does not create a database user; see the README for that optional step.',
         consumes: CREATE_TYPES,
         body: ref(UserCreate),
         response: {
-          201: withHeaders({ ...UserRef, description: 'The created user; `Location` names it and `ETag` versions it.' }, 'Location', 'ETag'),
+          201: withHeaders({ ...ref(UserCreated), description: 'The created user (and, invited, the invitation); `Location` names it and `ETag` versions it.' }, 'Location', 'ETag'),
           ...problems(401, 403, 409, 413, 415, 422, 503)
         }
       },
       config: { scope: 'users:write', legacy: family.legacy, accepts: CREATE_TYPES, bodyRules: (body) => passwordRuleErrors(body, deps.passwordPolicy), idempotent: true },
       preValidation: coerceForm
     }, async (request, reply) => {
-      const { user, version } = await createUser(deps, request.principal!, requestContext(request), request.body)
+      const { user, version, invitation } = await createUser(deps, request.principal!, requestContext(request), request.body)
+      // A retry is answered without the link and code: they are never stored (resend for a new one).
+      if (invitation?.url !== undefined) replayWith(request, { ...user, invitation: { mailed: invitation.mailed, expires_at: invitation.expires_at } })
       return await reply.code(201)
         .header('Location', `${app.config.basePath}${base}/${user.id}`)
         .header('ETag', etagOf(version))
-        .send(user)
+        .send(invitation !== undefined ? { ...user, invitation } : user)
     })
 
     app.get(base, {

@@ -42,6 +42,8 @@ export const User = Type.Object({
   groups: Groups,
   disabled: Type.Boolean(),
   password_sign_in: PasswordSignIn,
+  email_verified: Type.Boolean({ description: 'The address in `email` was confirmed by a link or code mailed to it (docs/email.md). Set false whenever `email` changes but by a confirmation.' }),
+  invitation_pending: Type.Boolean({ description: 'Invited and not yet accepted (docs/email.md#invitations): the user cannot sign in with a password until the invitation link sets one.' }),
   created_at: Timestamp(),
   updated_at: Timestamp(),
   last_login_at: NullableTimestamp,
@@ -78,7 +80,11 @@ export const UserCreate = Type.Object({
   role: Type.Optional(withExample(Role, CREATE_EXAMPLE.role)),
   groups: Type.Optional(withExample(Groups, CREATE_EXAMPLE.groups)),
   disabled: Type.Optional(Type.Boolean({ examples: [CREATE_EXAMPLE.disabled] })),
-  password_sign_in: Type.Optional(PasswordSignIn)
+  password_sign_in: Type.Optional(PasswordSignIn),
+  invite: Type.Optional(Type.Boolean({
+    description: 'Invite the user instead of giving a password (docs/email.md#invitations): the user is `invitation_pending` until they follow the ' +
+      'mailed link (or, without SMTP, the link in this answer\'s `invitation`) and set their own password. Not with `password`; needs an `email` when mail is sent.'
+  }))
 }, {
   $id: 'UserCreate',
   additionalProperties: false,
@@ -145,8 +151,11 @@ const PasswordHash = Type.String({
   examples: ['$2b$12$R9h/cIPz0gi.URNNX3kh2OPST9/PgBkqquzi.Ss7KIUgO2t0jWMUW']
 })
 
+// An import creates users with a password, a hash or neither; inviting is one user at a time.
+const { invite: _invite, ...importableProperties } = UserCreate.properties
+
 export const UserImportItem = Type.Object({
-  ...UserCreate.properties,
+  ...importableProperties,
   password_hash: Type.Optional(PasswordHash)
 }, {
   $id: 'UserImportItem',
@@ -190,3 +199,16 @@ export const UserImportResult = Type.Object(ImportCounts, {
   description: 'The per-item report of an import that was applied (with `atomic: false`, some items may have failed).'
 })
 export type UserImportResult = Static<typeof UserImportResult>
+
+export const Invitation = Type.Object({
+  mailed: Type.Boolean({ description: 'True: the link and code went to the user\'s address (SMTP configured). False: no mail was sent; hand over `url` (or `code`) yourself.' }),
+  expires_at: Timestamp({ description: 'When the link and code stop working (INVITATION_LIFETIME_HOURS, default 72 h).' }),
+  url: Type.Optional(Type.String({ format: 'uri', maxLength: 2048, description: 'Only without SMTP: the one-time link to hand to the user. Shown once; resending makes a new one and ends this.' })),
+  code: Type.Optional(Type.String({ maxLength: 16, pattern: '^[A-Z0-9]{4}-[A-Z0-9]{4}$', description: 'Only without SMTP: the short code the user may type at the invitation page instead of following the link.' }))
+}, { $id: 'Invitation', additionalProperties: false, description: 'An invitation just issued (docs/email.md#invitations).' })
+export type Invitation = Static<typeof Invitation>
+
+export const UserCreated = Type.Object({
+  ...User.properties,
+  invitation: Type.Optional(ref(Invitation))
+}, { $id: 'UserCreated', additionalProperties: false, description: 'The created user; with `invite: true`, also the invitation issued.' })

@@ -1,4 +1,4 @@
-import { isPostgres, toIso, type Db } from '../db/database.ts'
+import { isPostgres, toBool, toIso, type Db } from '../db/database.ts'
 import { AppError, type ErrorCode, type FieldError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -19,16 +19,32 @@ import {
   readChangeStamp,
   sortColumnOf,
   type NewUserRow,
-  type UserFilter
+  type UserFilter,
+  type UserRow
 } from './users.repository.ts'
 import type { Sort, User, UserCreate, UserImport, UserImportItemResult, UserPatch } from './users.schemas.ts'
 import { PageCache } from './page-cache.ts'
+import type { Config } from '../config.ts'
+import { endLiveTokens } from '../tokens/tokens.repository.ts'
+import { issueAndMailToken, type LinkConfig } from '../tokens/token-mail.ts'
 import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
 export interface UsersDeps {
   db: Db
   passwords: PasswordHasher
   passwordPolicy: PasswordPolicy
+  /** What invitations need (their lifetime, where their links point); the doors that invite pass it. */
+  invitations?: InvitationSettings
+}
+
+export type InvitationSettings = Pick<Config, 'invitationLifetimeMs'> & LinkConfig
+
+/** An invitation just issued: mailed, or (without SMTP) its link and code for the administrator to hand over. */
+export interface IssuedInvitation {
+  mailed: boolean
+  expires_at: string
+  url?: string
+  code?: string
 }
 
 /** A user plus the version its ETag is made from. */
@@ -75,12 +91,80 @@ function assertMayManage (principal: Principal, target: { role: string } | undef
   }
 }
 
-export async function createUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserCreate): Promise<VersionedUser> {
+export async function createUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserCreate): Promise<VersionedUser & { invitation?: IssuedInvitation }> {
   assertMayManage(principal, undefined, input.role)
+  const { invite, ...fields } = input
+  if (invite === true && input.password !== undefined) {
+    throw new AppError('validation_failed', 422, 'An invited user sets their own password: send invite or password, not both.', {
+      errors: [{ in: 'body', pointer: '/password', detail: 'not with invite: true' }]
+    })
+  }
   const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
-  const row = await deps.db.transaction().execute(async trx =>
-    await createUserRecorded(trx, ctx, newUserRow(input, passwordHash, passwordHash !== null, nowIso())))
-  return { user: toUser(row), version: row.version }
+  return await deps.db.transaction().execute(async trx => {
+    const row = await createUserRecorded(trx, ctx, newUserRow({ ...fields, invitation_pending: invite === true }, passwordHash, passwordHash !== null, nowIso()), invite === true ? { invited: true } : {})
+    const invitation = invite === true ? await issueInvitation(trx, ctx, invitationSettings(deps), row, false) : undefined
+    return { user: toUser(row), version: row.version, ...(invitation !== undefined ? { invitation } : {}) }
+  })
+}
+
+function invitationSettings (deps: UsersDeps): InvitationSettings {
+  if (deps.invitations === undefined) throw new Error('this door does not invite: UsersDeps.invitations is not set')
+  return deps.invitations
+}
+
+/**
+ * A new invitation link and code for a pending user, in the caller's
+ * transaction: the earlier one stops working, and `user.invited` records it.
+ * Without SMTP the link and code are returned for the administrator to hand
+ * over; they are never stored or logged.
+ */
+async function issueInvitation (trx: Db, ctx: RequestContext, settings: InvitationSettings, user: { id: string, username: string, email: string | null }, resent: boolean): Promise<IssuedInvitation> {
+  const { url, code, expiresAt, mailed } = await issueAndMailToken(trx, settings, { userId: user.id, username: user.username, purpose: 'invitation', to: user.email, lifetimeMs: settings.invitationLifetimeMs })
+  await recordEvent(trx, ctx, 'user.invited', { type: 'user', id: user.id }, { expires_at: expiresAt, mailed, ...(resent ? { resent: true } : {}) })
+  return { mailed, expires_at: expiresAt, ...(mailed ? {} : { url, code }) }
+}
+
+/** A pending user's current row, for an invitation operation; 409 when the user is not (or no longer) invited. */
+function assertInvitationPending (current: UserRow | undefined, id: string): UserRow {
+  if (current === undefined) throw userNotFound(id)
+  if (!toBool(current.invitation_pending)) {
+    throw new AppError('invitation_not_pending', 409, 'This user has no pending invitation: they accepted it, or were never invited (a user with a password signs in with it).')
+  }
+  return current
+}
+
+/**
+ * Sends the invitation again with a new link and code (the earlier ones stop
+ * working), or invites an existing user who has no password yet and has not
+ * signed in: they become pending.
+ */
+export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string): Promise<IssuedInvitation> {
+  const settings = invitationSettings(deps)
+  return await deps.db.transaction().execute(async trx => {
+    let current = await findUserById(trx, id, { forUpdate: true })
+    if (current === undefined) throw userNotFound(id)
+    assertMayManage(principal, current, undefined)
+    if (toBool(current.disabled)) throw new AppError('conflict', 409, 'This user is disabled, and could not accept an invitation; enable them first.')
+    const resent = toBool(current.invitation_pending)
+    if (!resent) {
+      if (current.password_hash !== null || current.last_login_at !== null) {
+        throw new AppError('invitation_not_pending', 409, 'This user already has a password or has signed in; an invitation is for someone who has neither (use a password reset instead).')
+      }
+      await changeUserRecorded(trx, ctx, id, { invitation_pending: true }, { lastAdmin: 'refuse' })
+      current = await findUserById(trx, id)
+    }
+    return await issueInvitation(trx, ctx, settings, assertInvitationPending(current, id), resent)
+  })
+}
+
+/** Ends the pending invitation's link and code; the user stays pending (resend, or delete them). */
+export async function revokeInvitation (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<void> {
+  await deps.db.transaction().execute(async trx => {
+    const current = assertInvitationPending(await findUserById(trx, id, { forUpdate: true }), id)
+    assertMayManage(principal, current, undefined)
+    const ended = await endLiveTokens(trx, id, 'invitation', 'revoked')
+    await recordEvent(trx, ctx, 'user.invitation_revoked', { type: 'user', id }, { links_ended: ended })
+  })
 }
 
 export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise<VersionedUser> {
@@ -175,7 +259,16 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
   // hashed before the transaction: a 9 ms hash must not hold a write lock.
   const before = await findUserById(deps.db, id)
   if (before === undefined) throw userNotFound(id)
-  if (!assertSelfEdit(principal, id, patch)) assertMayManage(principal, before, patch.role)
+  if (assertSelfEdit(principal, id, patch)) {
+    // One's own new address takes effect when it confirms (docs/email.md#e-mail-verification-and-change).
+    if (patch.email != null && patch.email.toLowerCase() !== before.email_key) {
+      throw new AppError('forbidden', 403, 'A new address of your own takes effect once confirmed: POST /api/me/email with it, and follow the link mailed there.', {
+        errors: [{ in: 'body', pointer: '/email', detail: 'confirm a new address through POST /api/me/email' }]
+      })
+    }
+  } else {
+    assertMayManage(principal, before, patch.role)
+  }
   assertIfMatch(ifMatch, before.version)
   const passwordHash = patch.password !== undefined
     ? await hashChecked(deps, patch.password, patch.username ?? before.username)

@@ -1,0 +1,178 @@
+import type { Config } from '../config.ts'
+import { toBool, type Db } from '../db/database.ts'
+import { AppError } from '../errors.ts'
+import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import type { BackgroundTasks } from '../lib/background.ts'
+import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
+import type { PasswordResetLink } from './password-resets.schemas.ts'
+import type { PasswordHasher } from '../lib/passwords.ts'
+import type { FailureCounter } from '../sessions/failure-counter.ts'
+import { listIdentitiesOfUser } from '../sso/identities.repository.ts'
+import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
+import { issueAndMailToken } from '../tokens/token-mail.ts'
+import { findLiveToken, findTokenHolder, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { isMailSending } from '../mail/mail.outbox.ts'
+import { changeUserRecorded } from '../users/users.lifecycle.ts'
+import { clearSignInLock, findUserById, type UserRow } from '../users/users.repository.ts'
+
+/*
+ * Password reset (docs/email.md#password-reset). A request is answered at
+ * once, the same 202 for every name: looking the account up, deciding, and
+ * issuing and mailing the link run after the answer (lib/background.ts), so
+ * neither the answer nor its time tells whether an account exists, is
+ * disabled, or signs in only through single sign-on. What became of each
+ * request is in the event log (`user.password_reset_requested`, `outcome`).
+ */
+
+export interface PasswordResetsDeps {
+  db: Db
+  passwords: PasswordHasher
+  failures: FailureCounter
+  background: BackgroundTasks
+  config: Pick<Config, 'passwordSignIn' | 'passwordResetLifetimeMs' | 'passwordResetMaxPerHour' | 'passwordMinLength' | 'passwordMaxLength' |
+  'loginMaxFailuresPerAddress' | 'loginFailureWindowMs' | 'ldap' | 'publicUrl' | 'host' | 'port' | 'basePath'>
+}
+
+const HOUR_MS = 3_600_000
+/** The provider of directory identities (sso/ldap.service.ts's LDAP_PROVIDER; a service may not import another). */
+const DIRECTORY_PROVIDER = 'ldap'
+
+/** Why an account gets no reset link; `mailed` when it got one. */
+type RequestOutcome = 'mailed' | 'no_account' | 'no_email' | 'disabled' | 'invitation_pending' | 'password_sign_in_off' | 'directory_user' | 'single_sign_on_only' | 'throttled' | 'mail_unavailable'
+
+function notOffered (): AppError {
+  return new AppError('password_sign_in_disabled', 403, 'Passwords are not used here (PASSWORD_SIGN_IN=off), so there is none to reset; sign in with single sign-on or a passkey.')
+}
+
+function throttled (resetMs: number, limit: number): AppError {
+  const retryAfter = String(Math.max(1, Math.ceil(resetMs / 1000)))
+  return new AppError('rate_limited', 429, 'Too many password-reset requests; wait before asking again.', {
+    headers: { 'Retry-After': retryAfter, 'RateLimit-Limit': String(limit), 'RateLimit-Remaining': '0', 'RateLimit-Reset': retryAfter }
+  })
+}
+
+/**
+ * Takes the request and answers: throttled per name as typed and per client
+ * address (neither depends on whether the name exists), then the rest runs in
+ * the background. PASSWORD_SIGN_IN=off answers 403 to everyone alike.
+ */
+export async function requestPasswordReset (deps: PasswordResetsDeps, ctx: RequestContext, identifier: string): Promise<void> {
+  if (!deps.config.passwordSignIn) throw notOffered()
+  const key = identifier.trim().toLowerCase()
+  const limit = deps.config.passwordResetMaxPerHour
+  const reservation = await deps.failures.reserve([
+    { key: `reset:name:${key}`, limit },
+    // A client address may ask for more accounts than one name gets, not without bound.
+    { key: `reset:addr:${ctx.clientIp ?? 'unknown'}`, limit: limit * 4 }
+  ], HOUR_MS)
+  if (!reservation.allowed) throw throttled(reservation.resetMs, reservation.limit)
+  deps.background.run('password_reset_request', async () => { await issueReset(deps, ctx, key) })
+}
+
+/** Whether this account may reset its password, and why not. */
+async function eligibility (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, user: UserRow): Promise<RequestOutcome | undefined> {
+  if (user.email === null) return 'no_email'
+  if (toBool(user.disabled)) return 'disabled'
+  if (toBool(user.invitation_pending)) return 'invitation_pending'
+  if (!toBool(user.password_sign_in)) return 'password_sign_in_off'
+  const identities = await listIdentitiesOfUser(deps.db, user.id, 100)
+  // The directory holds a directory user's password; a reset here would be a second one.
+  if (deps.config.ldap !== undefined && identities.some(i => i.provider === DIRECTORY_PROVIDER)) return 'directory_user'
+  if (user.password_hash === null && identities.length > 0) return 'single_sign_on_only'
+  return undefined
+}
+
+async function issueReset (deps: PasswordResetsDeps, ctx: RequestContext, key: string): Promise<void> {
+  const userId = await findTokenHolder(deps.db, key, 'password_reset')
+  const user = userId !== undefined ? await findUserById(deps.db, userId) : undefined
+  const identifier = key.slice(0, 254)
+  if (user === undefined) {
+    await recordEvent(deps.db, ctx, 'user.password_reset_requested', null, { identifier, outcome: 'no_account' })
+    return
+  }
+  const target = { type: 'user', id: user.id }
+  let outcome = await eligibility(deps, user)
+  if (outcome === undefined) {
+    const reservation = await deps.failures.reserve([{ key: `reset:acct:${user.id}`, limit: deps.config.passwordResetMaxPerHour }], HOUR_MS)
+    if (!reservation.allowed) outcome = 'throttled'
+  }
+  if (outcome !== undefined) {
+    await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome })
+    return
+  }
+  // Without SMTP no link could reach the owner: none is made (an admin sets a password instead).
+  if (!isMailSending(deps.db)) {
+    await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome: 'mail_unavailable' })
+    return
+  }
+  await deps.db.transaction().execute(async trx => {
+    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
+    await recordEvent(trx, ctx, 'user.password_reset_requested', target, { identifier, outcome: issued.mailed ? 'mailed' : 'mail_unavailable', expires_at: issued.expiresAt })
+  })
+}
+
+/** Why an administrator cannot issue a reset link for an account. */
+const INELIGIBLE: Partial<Record<RequestOutcome, string>> = {
+  disabled: 'This user is disabled; enable them first.',
+  invitation_pending: 'This user has not accepted their invitation yet; resend the invitation instead.',
+  password_sign_in_off: 'This user does not sign in with a password (password_sign_in is false).',
+  directory_user: 'This user\'s password is the directory\'s (LDAP); reset it there.',
+  single_sign_on_only: 'This user signs in only through single sign-on and has no password here.'
+}
+
+/**
+ * An administrator's reset link for a user (the way back in when no mail is
+ * sent, or the owner asked for help): mailed to the user when mail is on and
+ * they have an address, else returned to hand over, once. Refused (409) for
+ * an account a reset is not offered to. The earlier reset link ends.
+ */
+export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, principal: Principal, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
+  if (!deps.config.passwordSignIn) throw notOffered()
+  const user = await findUserById(deps.db, userId)
+  if (user === undefined) throw new AppError('user_not_found', 404, `No user has the id ${userId}.`)
+  if (!isAdmin(principal) && user.role === 'admin') throw new AppError('forbidden', 403, 'Only an admin may change an admin account.')
+  const outcome = await eligibility(deps, user)
+  if (outcome !== undefined && outcome !== 'no_email') throw new AppError('conflict', 409, INELIGIBLE[outcome] ?? 'A password reset is not offered to this user.')
+  return await deps.db.transaction().execute(async trx => {
+    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
+    await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { by: 'admin', outcome: issued.mailed ? 'mailed' : 'link_issued', expires_at: issued.expiresAt })
+    return { mailed: issued.mailed, expires_at: issued.expiresAt, ...(issued.mailed ? {} : { url: issued.url, code: issued.code }) }
+  })
+}
+
+/** The account a proof names, before it is used. */
+async function holderOf (deps: PasswordResetsDeps, proof: TokenProof): Promise<string | undefined> {
+  if ('token' in proof) return (await findLiveToken(deps.db, proof.token, 'password_reset'))?.user_id
+  return await findTokenHolder(deps.db, proof.login, 'password_reset')
+}
+
+/**
+ * Sets the new password: the token is used in the transaction that sets it,
+ * through the user lifecycle, which ends every session and API key of the
+ * account (`user.updated` with the password; the owner is notified of a new
+ * password as for any other). The account lock, if any, ends too: the owner
+ * has just proved themselves.
+ */
+export async function completePasswordReset (deps: PasswordResetsDeps, ctx: RequestContext, proof: TokenProof, newPassword: string): Promise<void> {
+  if (!deps.config.passwordSignIn) throw notOffered()
+  const byCode = !('token' in proof)
+  if (byCode) await reserveCodeAttempt(deps, ctx.clientIp)
+  const userId = await holderOf(deps, proof)
+  const before = userId !== undefined ? await findUserById(deps.db, userId) : undefined
+  if (before === undefined || await eligibility(deps, before) !== undefined) throw tokenInvalid()
+  checkPasswordPolicy(newPassword, before.username, passwordPolicyOf(deps.config), '/new_password')
+  const hash = await deps.passwords.hash(newPassword)
+  const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: before.id }
+  const done = await deps.db.transaction().execute(async trx => {
+    const used = await useTokenProof(trx, proof, 'password_reset')
+    // Not thrown here: a wrong code's count must commit.
+    if (used === undefined || used.user_id !== before.id) return false
+    await changeUserRecorded(trx, userCtx, before.id, { password_hash: hash }, { lastAdmin: 'refuse', extra: { via: 'password_reset' } })
+    await clearSignInLock(trx, before.id)
+    await recordEvent(trx, userCtx, 'user.password_reset', { type: 'user', id: before.id }, { via: byCode ? 'code' : 'link' })
+    return true
+  })
+  if (!done) throw tokenInvalid()
+  if (byCode) await releaseCodeAttempt(deps, ctx.clientIp)
+}

@@ -1,0 +1,52 @@
+import type { Config } from '../config.ts'
+import type { AccountTokenPurpose, Db } from '../db/database.ts'
+import { publicLink } from '../lib/public-url.ts'
+import { enqueueMail, isMailSending } from '../mail/mail.outbox.ts'
+import { issueToken, type IssuedToken } from './tokens.repository.ts'
+
+/** The page each purpose's link opens, under the base path (account/account-pages.ts). */
+export const TOKEN_PAGES: Record<AccountTokenPurpose, string> = {
+  invitation: '/invitation',
+  password_reset: '/reset-password',
+  email_verification: '/verify-email'
+}
+
+export type LinkConfig = Pick<Config, 'publicUrl' | 'host' | 'port' | 'basePath'>
+
+/**
+ * The link a token's mail (or, without SMTP, the administrator) hands over,
+ * built from PUBLIC_URL (lib/public-url.ts), never from a request's Host. The
+ * token rides in the query as `token`, which the request log redacts (app.ts).
+ */
+export function tokenLink (config: LinkConfig, purpose: AccountTokenPurpose, token: string): string {
+  return publicLink(config, TOKEN_PAGES[purpose], { token })
+}
+
+export interface TokenIssue {
+  userId: string
+  username: string
+  purpose: AccountTokenPurpose
+  /** Where the mail goes; null: nowhere to send it. */
+  to: string | null
+  lifetimeMs: number
+}
+
+/**
+ * Issues a token and, when this deployment sends mail and there is an
+ * address, queues its mail (template named as the purpose: the link, the
+ * code and when they stop working) in the caller's transaction. A mailed
+ * token is bound to the address it went to. `issued.mailed` false: nothing
+ * was sent, and the caller decides who gets the link.
+ */
+export async function issueAndMailToken (trx: Db, config: LinkConfig, input: TokenIssue): Promise<IssuedToken & { url: string, mailed: boolean }> {
+  const mailing = input.to !== null && isMailSending(trx)
+  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: mailing ? input.to : null, lifetimeMs: input.lifetimeMs })
+  const url = tokenLink(config, input.purpose, issued.token)
+  const mailed = mailing && await enqueueMail(trx, {
+    to: input.to!,
+    template: input.purpose,
+    userId: input.userId,
+    data: { username: input.username, link: url, code: issued.code, expires_at: issued.expiresAt, code_page: publicLink(config, TOKEN_PAGES[input.purpose]) }
+  })
+  return { ...issued, url, mailed }
+}
