@@ -50,7 +50,16 @@ export interface UsersTable {
   locked_until: NullableTimestamp
   /** False: this user signs in only through an identity provider (or a passkey). */
   password_sign_in: ColumnType<boolean | number, boolean | undefined, boolean>
+  /** SCIM (migration 0013): the provisioning client's id for the user, displayName, name.formatted, emails and the time of its last change. */
+  external_id: ColumnType<string | null, string | null | undefined, string | null>
+  display_name: ColumnType<string | null, string | null | undefined, string | null>
+  formatted_name: ColumnType<string | null, string | null | undefined, string | null>
+  scim_emails: ColumnType<ScimEmail[] | string | null, string | null | undefined, string | null>
+  provisioned_at: ColumnType<Date | string | null, string | null | undefined, string | null>
 }
+
+/** One entry of a user's SCIM `emails`, as stored. */
+export interface ScimEmail { value: string, type?: string, primary?: boolean }
 
 export interface SessionsTable {
   id: string

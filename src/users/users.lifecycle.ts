@@ -1,4 +1,4 @@
-import { toBool, type Db } from '../db/database.ts'
+import { toBool, type Db, type ScimEmail } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.repository.ts'
@@ -48,6 +48,23 @@ export interface NewUser {
   groups?: string[] | undefined
   disabled?: boolean | undefined
   password_sign_in?: boolean | undefined
+  /** What a SCIM client keeps about the user (docs/scim.md); no other door sets these. */
+  external_id?: string | null | undefined
+  display_name?: string | null | undefined
+  formatted_name?: string | null | undefined
+  scim_emails?: ScimEmail[] | null | undefined
+}
+
+/** The SCIM fields of a user, as `user.created` and `user.updated` events name them. */
+const SCIM_FIELDS = ['external_id', 'display_name', 'formatted_name', 'scim_emails'] as const
+
+function scimFieldsOf (row: Partial<Record<typeof SCIM_FIELDS[number], unknown>>): Record<string, unknown> {
+  const fields: Record<string, unknown> = {}
+  for (const field of SCIM_FIELDS) {
+    const value = field === 'scim_emails' && typeof row[field] === 'string' ? JSON.parse(row[field]) : row[field]
+    if (value !== undefined && value !== null) fields[field] = value
+  }
+  return fields
 }
 
 /** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
@@ -71,7 +88,11 @@ export function newUserRow (input: NewUser, passwordHash: string | null, hasPass
     created_at: now,
     updated_at: now,
     last_login_at: null,
-    password_changed_at: hasPassword ? now : null
+    password_changed_at: hasPassword ? now : null,
+    ...(input.external_id != null ? { external_id: input.external_id } : {}),
+    ...(input.display_name != null ? { display_name: input.display_name } : {}),
+    ...(input.formatted_name != null ? { formatted_name: input.formatted_name } : {}),
+    ...(input.scim_emails != null ? { scim_emails: JSON.stringify(input.scim_emails) } : {})
   }
 }
 
@@ -81,14 +102,14 @@ function withoutTimestamps (user: User): Record<string, unknown> {
 }
 
 /** The data of a `user.created` event: the user as created, the password redacted, and what the door adds (`source`, `imported_hash_scheme`). */
-function createdEventData (row: NewUserRow | PublicUserRow, hasPassword: boolean, extra: Record<string, unknown>): Record<string, unknown> {
-  return { ...withoutTimestamps(toUser(row)), ...(hasPassword ? { password: REDACTED } : {}), ...extra }
+function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<string, unknown>, hasPassword: boolean, extra: Record<string, unknown>): Record<string, unknown> {
+  return { ...withoutTimestamps(toUser(row)), ...scimFields, ...(hasPassword ? { password: REDACTED } : {}), ...extra }
 }
 
 /** Creates one user with its `user.created` event. */
 export async function createUserRecorded (trx: Db, ctx: RequestContext, row: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
   const inserted = await insertUser(trx, row)
-  await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, row.password_hash !== null, extra))
+  await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, scimFieldsOf(row), row.password_hash !== null, extra))
   return inserted
 }
 
@@ -107,7 +128,7 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
     target_id: row.id,
     request_id: ctx.requestId,
     client_ip: ctx.clientIp,
-    data: JSON.stringify(createdEventData(row, row.password_hash !== null, extra ?? {}))
+    data: JSON.stringify(createdEventData(row, scimFieldsOf(row), row.password_hash !== null, extra ?? {}))
   })))
 }
 
@@ -127,6 +148,8 @@ export interface ChangeOptions {
   check?: (current: UserRow) => void
   /** Added to the `user.updated` event: `source` of a sign-in's mapping. */
   extra?: Record<string, unknown>
+  /** A SCIM client asked: a change that changes something also sets `provisioned_at`. */
+  provisioning?: boolean
 }
 
 export interface ChangeOutcome {
@@ -201,6 +224,17 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (changes.groups !== undefined && note('groups', changes.groups)) update.groups = JSON.stringify(changes.groups)
   if (changes.disabled !== undefined && note('disabled', changes.disabled)) update.disabled = changes.disabled
   if (changes.password_sign_in !== undefined && note('password_sign_in', changes.password_sign_in)) update.password_sign_in = changes.password_sign_in
+  const oldScim = scimFieldsOf(current)
+  for (const field of SCIM_FIELDS) {
+    const to = changes[field]
+    if (to === undefined) continue
+    const from = oldScim[field] ?? null
+    if (JSON.stringify(from) === JSON.stringify(to)) continue
+    diff[field] = { from, to }
+    if (field === 'scim_emails') update.scim_emails = to === null ? null : JSON.stringify(to)
+    else update[field] = to as string | null
+  }
+  if (options.provisioning === true && Object.keys(diff).length > 0) update.provisioned_at = now
   if (changes.password_hash !== undefined) {
     update.password_hash = changes.password_hash
     update.password_changed_at = now

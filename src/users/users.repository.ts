@@ -27,6 +27,12 @@ export interface NewUserRow {
   updated_at: string
   last_login_at: null
   password_changed_at: string | null
+  /** What a SCIM client keeps about the user (migration 0013); absent for every other door. */
+  external_id?: string | null
+  display_name?: string | null
+  formatted_name?: string | null
+  scim_emails?: string | null
+  provisioned_at?: string | null
 }
 
 /** The columns a User is made of: never the password hash. */
