@@ -64,6 +64,7 @@ import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
+import scimRoutes from './scim/scim.routes.ts'
 
 export interface BuildOptions {
   config: Config
@@ -371,6 +372,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
     await api.register(webhooksRoutes, { sender: webhooks.sender })
+    await api.register(scimRoutes, { prefix: '/scim/v2' })
     const dummyHash = await dummyHashing
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(loginPage, { db, passwords, failures, config, dummyHash, deviceKey })
