@@ -64,7 +64,7 @@ import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
-import scimRoutes from './scim/scim.routes.ts'
+import scimRoutes, { canonicalScimUrl } from './scim/scim.routes.ts'
 
 export interface BuildOptions {
   config: Config
@@ -177,6 +177,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID()
     },
     return503OnClosing: true,
+    // SCIM endpoint names in any case (scim/scim.routes.ts); every other URL as it came.
+    rewriteUrl: (req) => canonicalScimUrl(req.url ?? '/', config.basePath),
     // One line per request (written in onResponse below) instead of Fastify's two.
     logController: new LogController({ disableRequestLogging: true }),
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }

@@ -29,6 +29,24 @@ import {
   type ScimContext
 } from './scim.service.ts'
 
+const ENDPOINTS = ['Users', 'Groups', 'ServiceProviderConfig', 'serviceConfiguration', 'ResourceTypes', 'Schemas']
+const ENDPOINT_BY_CASE = new Map(ENDPOINTS.map(name => [name.toLowerCase(), name]))
+
+/**
+ * The URL with the SCIM endpoint's name spelled as routed: clients send
+ * `/users` (Microsoft's conformance collection does) as well as `/Users`.
+ * Given to Fastify as `rewriteUrl` (app.ts); any other URL is left as it is.
+ */
+export function canonicalScimUrl (url: string, basePath: string): string {
+  const start = `${basePath}/scim/v2/`
+  if (!url.startsWith(start)) return url
+  const rest = url.slice(start.length)
+  const end = rest.search(/[/?]/)
+  const name = end === -1 ? rest : rest.slice(0, end)
+  const canonical = ENDPOINT_BY_CASE.get(name.toLowerCase())
+  return canonical === undefined || canonical === name ? url : start + canonical + (end === -1 ? '' : rest.slice(end))
+}
+
 /** Our codes as SCIM's error types (RFC 7644 §3.12); the status follows SCIM where it differs from the REST API's. */
 const SCIM_ERRORS: Partial<Record<ErrorCode, { status?: number, scimType?: ScimType }>> = {
   validation_failed: { status: 400, scimType: 'invalidValue' },
