@@ -289,6 +289,24 @@ export interface IdempotencyKeysTable {
   created_at: Timestamp
 }
 
+/** A group (migration 0012); its name is what a member's `users.groups` array holds. */
+export interface GroupsTable {
+  id: string
+  /** Unique exactly as written (names were free labels, `Ops` and `ops` two of them). */
+  display_name: string
+  /** A provisioning client's own id for the group (SCIM `externalId`); stored, never interpreted. */
+  external_id: string | null
+  version: number
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+/** Who is in a group: kept in step with `users.groups` by the user lifecycle, in the same transaction. */
+export interface GroupMembersTable {
+  group_id: string
+  user_id: string
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -312,6 +330,8 @@ export interface Database {
   oidc_providers: OidcProvidersTable
   oidc_logins: OidcLoginsTable
   idempotency_keys: IdempotencyKeysTable
+  groups: GroupsTable
+  group_members: GroupMembersTable
 }
 
 export type Db = Kysely<Database>

@@ -11,6 +11,7 @@ import * as m0008 from './migrations/0008_reauthentication.ts'
 import * as m0009 from './migrations/0009_events_occurred_at.ts'
 import * as m0010 from './migrations/0010_idempotency_keys.ts'
 import * as m0011 from './migrations/0011_session_details.ts'
+import * as m0012 from './migrations/0012_groups.ts'
 import * as m0013 from './migrations/0013_scim.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
@@ -26,6 +27,7 @@ const migrations: Record<string, Migration> = {
   '0009_events_occurred_at': m0009,
   '0010_idempotency_keys': m0010,
   '0011_session_details': m0011,
+  '0012_groups': m0012,
   '0013_scim': m0013
 }
 

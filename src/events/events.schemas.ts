@@ -11,6 +11,7 @@ export const EVENT_TYPES = [
   'user.identity_linked',
   'user.identity_unlinked', 'user.sso_login_succeeded', 'user.sso_login_failed',
   'sso_provider.created', 'sso_provider.updated', 'sso_provider.deleted',
+  'group.created', 'group.updated', 'group.deleted', 'group.members_added', 'group.members_removed',
   'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]

@@ -1,10 +1,19 @@
-import { toBool, type Db, type ScimEmail } from '../db/database.ts'
+import { toBool, toStringArray, type Db, type ScimEmail } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.repository.ts'
 import { revokeKeysRecorded } from '../api-keys/api-keys.repository.ts'
 import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import {
+  deleteMemberships,
+  findGroupsByIds,
+  findGroupsByNames,
+  insertGroupsIfAbsent,
+  insertMemberships,
+  listGroupIdsOfUser,
+  touchGroups
+} from '../groups/groups.repository.ts'
 import {
   deleteUser,
   findUserById,
@@ -32,6 +41,15 @@ import type { User } from './users.schemas.ts'
  * the credential cache (emptied by every write to users, sessions and
  * api_keys: auth/credential-cache.ts) are the same whichever door was used.
  * What differs between doors is who may use them, which is the caller's rule.
+ *
+ * A user's `groups` array is also their memberships in `group_members`
+ * (migration 0012): every function here that writes the array brings the
+ * memberships in step in the same transaction, and makes a group for a name
+ * that has none, so a 3.6.1 client that sends `"groups": ["new-team"]` makes
+ * the group `new-team`. Those changes are recorded as the groups resource
+ * records its own (`group.created`, `group.members_added`,
+ * `group.members_removed`), so a reader of group events misses none, whichever
+ * door changed the membership.
  *
  * These are data-level functions, as Supabase Auth's models.* are: they take
  * the transaction and import only repositories, so any service or flow may
@@ -106,10 +124,61 @@ function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<s
   return { ...withoutTimestamps(toUser(row)), ...scimFields, ...(hasPassword ? { password: REDACTED } : {}), ...extra }
 }
 
-/** Creates one user with its `user.created` event. */
+/**
+ * The ids of the groups of these names, making (each with a `group.created`
+ * event) those that have none. A name another transaction makes first is
+ * used as made there.
+ */
+async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[]): Promise<Map<string, string>> {
+  const unique = [...new Set(names)]
+  const ids = new Map<string, string>()
+  if (unique.length === 0) return ids
+  for (const group of await findGroupsByNames(trx, unique)) ids.set(group.display_name, group.id)
+  const missing = unique.filter(name => !ids.has(name))
+  if (missing.length === 0) return ids
+  const now = nowIso()
+  const made = await insertGroupsIfAbsent(trx, missing.map(name => ({ id: newId(), display_name: name, external_id: null, version: 1, created_at: now, updated_at: now })))
+  for (const group of made) {
+    ids.set(group.display_name, group.id)
+    await recordEvent(trx, ctx, 'group.created', { type: 'group', id: group.id }, { display_name: group.display_name, external_id: null, member_ids: [], source: 'user_groups' })
+  }
+  const raced = missing.filter(name => !ids.has(name))
+  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced)) ids.set(group.display_name, group.id)
+  return ids
+}
+
+/** One `group.members_added` or `group.members_removed` event per group, and a new version of each group. */
+async function recordMembershipChanges (trx: Db, ctx: RequestContext, type: 'group.members_added' | 'group.members_removed', byGroup: Map<string, string[]>, extra: Record<string, unknown> = {}): Promise<void> {
+  if (byGroup.size === 0) return
+  await touchGroups(trx, [...byGroup.keys()], nowIso())
+  const names = new Map((await findGroupsByIds(trx, [...byGroup.keys()])).map(group => [group.id, group.display_name]))
+  for (const [groupId, userIds] of byGroup) {
+    await recordEvent(trx, ctx, type, { type: 'group', id: groupId }, { display_name: names.get(groupId) ?? null, user_ids: userIds, ...extra })
+  }
+}
+
+/**
+ * Brings a user's rows in `group_members` in step with their `groups` array.
+ * `record`: false when the caller (groups.lifecycle.ts) records the change
+ * of members itself, once for all the users it changes.
+ */
+async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, names: readonly string[], record: boolean): Promise<void> {
+  const wanted = new Set((await groupIdsOf(trx, ctx, names)).values())
+  const held = new Set(await listGroupIdsOfUser(trx, userId))
+  const added = [...wanted].filter(id => !held.has(id))
+  const removed = [...held].filter(id => !wanted.has(id))
+  await insertMemberships(trx, added.map(groupId => ({ group_id: groupId, user_id: userId })))
+  await deleteMemberships(trx, userId, removed)
+  if (!record) return
+  await recordMembershipChanges(trx, ctx, 'group.members_added', new Map(added.map(groupId => [groupId, [userId]])))
+  await recordMembershipChanges(trx, ctx, 'group.members_removed', new Map(removed.map(groupId => [groupId, [userId]])))
+}
+
+/** Creates one user with its `user.created` event, and their memberships. */
 export async function createUserRecorded (trx: Db, ctx: RequestContext, row: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
   const inserted = await insertUser(trx, row)
   await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, scimFieldsOf(row), row.password_hash !== null, extra))
+  await syncMemberships(trx, ctx, inserted.id, toStringArray(row.groups), true)
   return inserted
 }
 
@@ -130,6 +199,18 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
     client_ip: ctx.clientIp,
     data: JSON.stringify(createdEventData(row, scimFieldsOf(row), row.password_hash !== null, extra ?? {}))
   })))
+  // Their memberships: one `group.members_added` per group, listing every new member.
+  const namesOf = new Map(rows.map(({ row }) => [row.id, toStringArray(row.groups)]))
+  const ids = await groupIdsOf(trx, ctx, [...namesOf.values()].flat())
+  const byGroup = new Map<string, string[]>()
+  for (const [userId, names] of namesOf) {
+    for (const name of new Set(names)) {
+      const groupId = ids.get(name)!
+      byGroup.set(groupId, [...byGroup.get(groupId) ?? [], userId])
+    }
+  }
+  await insertMemberships(trx, [...byGroup].flatMap(([groupId, userIds]) => userIds.map(userId => ({ group_id: groupId, user_id: userId }))))
+  await recordMembershipChanges(trx, ctx, 'group.members_added', byGroup)
 }
 
 /** What a door may change about a user; `password_hash` is a hash made before the transaction. */
@@ -150,6 +231,12 @@ export interface ChangeOptions {
   extra?: Record<string, unknown>
   /** A SCIM client asked: a change that changes something also sets `provisioned_at`. */
   provisioning?: boolean
+  /**
+   * False when the caller records the change of a group's members itself
+   * (groups.lifecycle.ts, once for all the members it changes); by default a
+   * change of `groups` records `group.members_added`/`_removed` per group.
+   */
+  recordGroupEvents?: boolean
 }
 
 export interface ChangeOutcome {
@@ -246,6 +333,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
+  if (diff.groups !== undefined) await syncMemberships(trx, ctx, id, changes.groups!, options.recordGroupEvents ?? true)
   if (changes.disabled === true && !old.disabled) {
     await revokeKeysRecorded(trx, ctx, id, 'user_disabled')
     await endSessionsRecorded(trx, ctx, id, 'user_disabled')
@@ -285,6 +373,9 @@ export async function deleteUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
   await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
   await endSessionsRecorded(trx, ctx, id, 'user_deleted')
+  const groupIds = await listGroupIdsOfUser(trx, id)
+  // The memberships go with the row (ON DELETE CASCADE).
   await deleteUser(trx, id)
   await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
+  await recordMembershipChanges(trx, ctx, 'group.members_removed', new Map(groupIds.map(groupId => [groupId, [id]])), { reason: 'user_deleted' })
 }

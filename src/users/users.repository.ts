@@ -163,9 +163,8 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .$if(has.email === true, q => q.where('email_key', '=', param('email_key')))
     .$if(has.role === true, q => q.where('role', '=', param('role')))
     .$if(has.disabled === true, q => q.where('disabled', '=', param('disabled')))
-    .$if(has.group === true, q => q.where(isPostgres(db)
-      ? sql<boolean>`groups ? ${param('group')}`
-      : sql<boolean>`exists (select 1 from json_each(users.groups) where json_each.value = ${param('group')})`))
+    // Through the memberships (migration 0012), by index, rather than through every user's array.
+    .$if(has.group === true, q => q.where(sql<boolean>`users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')}))`))
     // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
     // answer it with an index range search; the OR form scans from the start
     // of the index on every page, which made the full list quadratic.
