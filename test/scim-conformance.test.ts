@@ -23,7 +23,10 @@ const ALLOWED_FAILURES = new Map<string, string>([
   ['Patch user omalley new username: Status code is 204', 'User PATCH answers 200 with the resource (Okta needs it; RFC 7644 allows it)'],
   ['patch user omalley active with boolean: Status code is 204', 'User PATCH answers 200 with the resource (Okta needs it; RFC 7644 allows it)'],
   // addresses are not kept (../shared/scim/README.md: a provider may ignore attributes it does not support, as long as /Schemas says what it keeps).
-  ['Put a user OMalley: Body contians Germany', 'addresses are not stored, and /Schemas does not advertise them']
+  ['Put a user OMalley: Body contians Germany', 'addresses are not stored, and /Schemas does not advertise them'],
+  // The collection adds a member with "displayName": "new User" and looks for that text in the group. A member's
+  // display is the user's userName (members[].display is read-only in /Schemas): what a client sends is not kept.
+  ['Get group by id: Body contians user', 'members[].display is the member\'s userName, not the text a client sent']
 ])
 
 async function runCollection (port: number, token: string): Promise<NewmanRunSummary> {

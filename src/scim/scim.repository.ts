@@ -1,5 +1,5 @@
 import { sql, type RawBuilder, type Selectable } from 'kysely'
-import { isPostgres, type Db, type UsersTable } from '../db/database.ts'
+import { isPostgres, type Db, type GroupsTable, type UsersTable } from '../db/database.ts'
 import { InvalidFilter, type Filter } from '../lib/scim-filter.ts'
 
 /** Every column a SCIM User is made of: never the password hash. */
@@ -33,8 +33,9 @@ type Attribute =
   | { kind: 'active' }
   | { kind: 'id' }
   | { kind: 'emails', sub: 'value' | 'type' | 'primary' | 'display' }
+  | { kind: 'members' }
 
-const column = (name: string) => () => sql.ref(`users.${name}`)
+const column = (name: string) => () => sql.ref(name)
 
 /**
  * The User attributes a filter may name, by lower-cased path (attribute names
@@ -60,11 +61,29 @@ const USER_ATTRIBUTES: Record<string, Attribute> = {
   'emails.display': { kind: 'emails', sub: 'display' }
 }
 
-function attributeOf (path: string): Attribute {
+const CORE_GROUP_URN = 'urn:ietf:params:scim:schemas:core:2.0:group:'
+
+/** The Group attributes a filter may name: `displayName eq` and `externalId eq` are index lookups, `members[value eq "…"]` one on group_members. */
+const GROUP_ATTRIBUTES: Record<string, Attribute> = {
+  id: { kind: 'id' },
+  displayname: { kind: 'text', expression: column('display_name'), caseExact: true },
+  externalid: { kind: 'text', expression: column('external_id'), caseExact: true },
+  members: { kind: 'members' },
+  'members.value': { kind: 'members' },
+  'meta.created': { kind: 'time', column: 'created_at' },
+  'meta.lastmodified': { kind: 'time', column: 'updated_at' }
+}
+
+/** Which resource a filter is on: its table, its attributes and the URN prefix its paths may carry. */
+export interface Resource { table: 'users' | 'groups', attributes: Record<string, Attribute>, urn: string, name: string }
+export const USERS: Resource = { table: 'users', attributes: USER_ATTRIBUTES, urn: CORE_USER_URN, name: 'Users' }
+export const GROUPS: Resource = { table: 'groups', attributes: GROUP_ATTRIBUTES, urn: CORE_GROUP_URN, name: 'Groups' }
+
+function attributeOf (resource: Resource, path: string): Attribute {
   let name = path.toLowerCase()
-  if (name.startsWith(CORE_USER_URN)) name = name.slice(CORE_USER_URN.length)
-  const attribute = USER_ATTRIBUTES[name]
-  if (attribute === undefined) throw new InvalidFilter(`Users cannot be filtered on "${path}"; see /Schemas and docs/scim.md for the attributes that can.`)
+  if (name.startsWith(resource.urn)) name = name.slice(resource.urn.length)
+  const attribute = resource.attributes[name]
+  if (attribute === undefined) throw new InvalidFilter(`${resource.name} cannot be filtered on "${path}"; see /Schemas and docs/scim.md for the attributes that can.`)
   return attribute
 }
 
@@ -150,18 +169,24 @@ function instantOf (value: Value): string {
  * USER_ATTRIBUTES only. A `not` treats an unknown (null) comparison as
  * false, so `not (displayName eq "x")` also finds users without one.
  */
-export function userFilterCondition (db: Db, filter: Filter): Condition {
+export function filterCondition (db: Db, resource: Resource, filter: Filter): Condition {
+  const table = resource.table
   switch (filter.op) {
-    case 'and': return sql<boolean>`(${sql.join(filter.filters.map(f => userFilterCondition(db, f)), sql` and `)})`
-    case 'or': return sql<boolean>`(${sql.join(filter.filters.map(f => userFilterCondition(db, f)), sql` or `)})`
-    case 'not': return sql<boolean>`not coalesce(${userFilterCondition(db, filter.filter)}, false)`
+    case 'and': return sql<boolean>`(${sql.join(filter.filters.map(f => filterCondition(db, resource, f)), sql` and `)})`
+    case 'or': return sql<boolean>`(${sql.join(filter.filters.map(f => filterCondition(db, resource, f)), sql` or `)})`
+    case 'not': return sql<boolean>`not coalesce(${filterCondition(db, resource, filter.filter)}, false)`
     case '[]': {
-      const attribute = attributeOf(filter.attrPath)
-      if (attribute.kind !== 'emails') throw new InvalidFilter(`"${filter.attrPath}" is not multi-valued; value filters ([...]) apply to emails.`)
-      return emailsExist(db, elementCondition(db, filter.valFilter))
+      const attribute = attributeOf(resource, filter.attrPath)
+      if (attribute.kind === 'emails') return emailsExist(db, elementCondition(db, filter.valFilter))
+      if (attribute.kind === 'members') {
+        const inner = filter.valFilter
+        if (inner.op !== 'eq' || inner.attrPath.toLowerCase() !== 'value') throw new InvalidFilter('members[...] takes value eq "<user id>".')
+        return memberCondition('eq', inner.compValue)
+      }
+      throw new InvalidFilter(`"${filter.attrPath}" is not multi-valued; value filters ([...]) apply to emails and members.`)
     }
   }
-  const attribute = attributeOf(filter.attrPath)
+  const attribute = attributeOf(resource, filter.attrPath)
   const op = filter.op
   const value = op === 'pr' ? null : filter.compValue
   switch (attribute.kind) {
@@ -172,16 +197,21 @@ export function userFilterCondition (db: Db, filter: Filter): Condition {
       if (op !== 'eq' && op !== 'ne') throw new InvalidFilter('id takes eq, ne or pr.')
       // A value that is no uuid matches no user (PostgreSQL would refuse to compare it).
       const known = typeof value === 'string' && UUID.test(value)
-      if (op === 'eq') return known ? sql<boolean>`users.id = ${value.toLowerCase()}` : sql<boolean>`1 = 0`
-      return known ? sql<boolean>`users.id <> ${value.toLowerCase()}` : sql<boolean>`1 = 1`
+      const id = sql.ref(`${table}.id`)
+      if (op === 'eq') return known ? sql<boolean>`${id} = ${value.toLowerCase()}` : sql<boolean>`1 = 0`
+      return known ? sql<boolean>`${id} <> ${value.toLowerCase()}` : sql<boolean>`1 = 1`
     }
     case 'active': {
       if (op === 'pr') return sql<boolean>`1 = 1`
       if (typeof value !== 'boolean' || (op !== 'eq' && op !== 'ne')) throw new InvalidFilter('active takes eq or ne with true or false.')
       return sql<boolean>`users.disabled = ${op === 'eq' ? !value : value}`
     }
+    case 'members': {
+      if (op === 'pr') return sql<boolean>`exists (select 1 from group_members m where m.group_id = groups.id)`
+      return memberCondition(op, value)
+    }
     case 'time': {
-      const ref = sql.ref(`users.${attribute.column}`)
+      const ref = sql.ref(`${table}.${attribute.column}`)
       if (op === 'pr') return sql<boolean>`1 = 1`
       const at = instantOf(value)
       const cast = isPostgres(db) ? sql`${at}::timestamptz` : sql`${at}`
@@ -197,6 +227,13 @@ export function userFilterCondition (db: Db, filter: Filter): Condition {
       return sql<boolean>`(${compareText(sql`users.email_key`, op, foldValue(value, false))} or ${inList})`
     }
   }
+}
+
+/** The group has this user as a member (an index lookup on group_members' primary key). */
+function memberCondition (op: string, value: Value): Condition {
+  if (op !== 'eq') throw new InvalidFilter('members takes eq "<user id>" or pr.')
+  if (typeof value !== 'string' || !UUID.test(value)) return sql<boolean>`1 = 0`
+  return sql<boolean>`exists (select 1 from group_members m where m.group_id = groups.id and m.user_id = ${value.toLowerCase()})`
 }
 
 /** How a list may be ordered (`sortBy`): the column, by lower-cased attribute path. */
@@ -228,14 +265,91 @@ export interface ScimListQuery {
 
 /** One page of users matching a filter, and how many match in all. */
 export async function listScimUsers (db: Db, query: ScimListQuery): Promise<{ rows: ScimUserRow[], total: number }> {
-  const condition = query.filter !== undefined ? userFilterCondition(db, query.filter) : undefined
+  const condition = query.filter !== undefined ? filterCondition(db, USERS, query.filter) : undefined
   const base = db.selectFrom('users').$if(condition !== undefined, q => q.where(condition!))
-  const [{ total }] = [await base.select(sql<number | string>`count(*)`.as('total')).executeTakeFirstOrThrow()]
+  const { total } = await base.select(sql<number | string>`count(*)`.as('total')).executeTakeFirstOrThrow()
   const direction = query.descending ? 'desc' : 'asc'
   const rows = query.limit === 0
     ? []
     : await base.select(SCIM_USER_COLUMNS)
       .orderBy(query.sortColumn, direction).orderBy('id', direction)
       .limit(query.limit).offset(query.offset).execute()
+  return { rows, total: Number(total) }
+}
+
+/** The groups of each of these users, for their `groups` attribute (one query for a page of users). */
+export async function findGroupsOfUsers (db: Db, userIds: readonly string[]): Promise<Map<string, Array<{ id: string, display_name: string }>>> {
+  const byUser = new Map<string, Array<{ id: string, display_name: string }>>()
+  if (userIds.length === 0) return byUser
+  const rows = await db.selectFrom('group_members')
+    .innerJoin('groups', 'groups.id', 'group_members.group_id')
+    .select(['group_members.user_id', 'groups.id', 'groups.display_name'])
+    .where('group_members.user_id', 'in', [...userIds])
+    .orderBy('groups.display_name')
+    .execute()
+  for (const row of rows) {
+    const list = byUser.get(row.user_id) ?? []
+    list.push({ id: row.id, display_name: row.display_name })
+    byUser.set(row.user_id, list)
+  }
+  return byUser
+}
+
+export type ScimGroupRow = Selectable<GroupsTable>
+
+/** The members of each of these groups, as id and username, for their `members` attribute. */
+export async function findMembersOfGroups (db: Db, groupIds: readonly string[]): Promise<Map<string, Array<{ id: string, username: string }>>> {
+  const byGroup = new Map<string, Array<{ id: string, username: string }>>()
+  if (groupIds.length === 0) return byGroup
+  const rows = await db.selectFrom('group_members')
+    .innerJoin('users', 'users.id', 'group_members.user_id')
+    .select(['group_members.group_id', 'users.id', 'users.username'])
+    .where('group_members.group_id', 'in', [...groupIds])
+    .orderBy('users.username_key')
+    .execute()
+  for (const row of rows) {
+    const list = byGroup.get(row.group_id) ?? []
+    list.push({ id: row.id, username: row.username })
+    byGroup.set(row.group_id, list)
+  }
+  return byGroup
+}
+
+export async function findScimGroupById (db: Db, id: string): Promise<ScimGroupRow | undefined> {
+  if (!UUID.test(id)) return undefined
+  return await db.selectFrom('groups').selectAll().where('id', '=', id).executeTakeFirst()
+}
+
+/** Which of these ids are users: members a client names that are not are passed over (docs/scim.md). */
+export async function findExistingUserIds (db: Db, ids: readonly string[]): Promise<string[]> {
+  const candidates = ids.filter(id => UUID.test(id)).map(id => id.toLowerCase())
+  if (candidates.length === 0) return []
+  const rows = await db.selectFrom('users').select('id').where('id', 'in', candidates).execute()
+  return rows.map(row => row.id)
+}
+
+const GROUP_SORT_COLUMNS: Record<string, 'display_name' | 'external_id' | 'created_at' | 'updated_at' | 'id'> = {
+  id: 'id',
+  displayname: 'display_name',
+  externalid: 'external_id',
+  'meta.created': 'created_at',
+  'meta.lastmodified': 'updated_at'
+}
+
+export function groupSortColumnOf (path: string): typeof GROUP_SORT_COLUMNS[string] | undefined {
+  let name = path.toLowerCase()
+  if (name.startsWith(CORE_GROUP_URN)) name = name.slice(CORE_GROUP_URN.length)
+  return GROUP_SORT_COLUMNS[name]
+}
+
+/** One page of groups matching a filter, and how many match in all. */
+export async function listScimGroups (db: Db, query: Omit<ScimListQuery, 'sortColumn'> & { sortColumn: typeof GROUP_SORT_COLUMNS[string] }): Promise<{ rows: ScimGroupRow[], total: number }> {
+  const condition = query.filter !== undefined ? filterCondition(db, GROUPS, query.filter) : undefined
+  const base = db.selectFrom('groups').$if(condition !== undefined, q => q.where(condition!))
+  const { total } = await base.select(sql<number | string>`count(*)`.as('total')).executeTakeFirstOrThrow()
+  const direction = query.descending ? 'desc' : 'asc'
+  const rows = query.limit === 0
+    ? []
+    : await base.selectAll().orderBy(query.sortColumn, direction).orderBy('id', direction).limit(query.limit).offset(query.offset).execute()
   return { rows, total: Number(total) }
 }

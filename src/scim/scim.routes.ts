@@ -15,9 +15,16 @@ import {
   ScimResourceBody,
   URN,
   USER_SCHEMA,
+  GROUP_SCHEMA,
   type ScimType
 } from './scim.schemas.ts'
 import {
+  createScimGroup,
+  deleteScimGroup,
+  getScimGroup,
+  listScimGroupsPage,
+  patchScimGroup,
+  replaceScimGroup,
   createScimUser,
   deleteScimUser,
   etagOf,
@@ -57,7 +64,9 @@ const SCIM_ERRORS: Partial<Record<ErrorCode, { status?: number, scimType?: ScimT
   username_taken: { scimType: 'uniqueness' },
   email_taken: { scimType: 'uniqueness' },
   conflict: { scimType: 'uniqueness' },
-  last_admin: { scimType: 'mutability' }
+  last_admin: { scimType: 'mutability' },
+  group_exists: { scimType: 'uniqueness' },
+  too_many_groups: { scimType: 'invalidValue' }
 }
 
 /** An error as SCIM's error body (RFC 7644 §3.12), with the headers the error carries (WWW-Authenticate, Retry-After). */
@@ -93,6 +102,17 @@ const SERVICE_PROVIDER_CONFIG = {
     primary: true
   }],
   meta: { resourceType: 'ServiceProviderConfig', location: '/ServiceProviderConfig' }
+}
+
+const GROUP_RESOURCE_TYPE = {
+  schemas: [URN.resourceType],
+  id: 'Group',
+  name: 'Group',
+  endpoint: '/Groups',
+  description: 'Group',
+  schema: URN.group,
+  schemaExtensions: [],
+  meta: { resourceType: 'ResourceType', location: '/ResourceTypes/Group' }
 }
 
 const USER_RESOURCE_TYPE = {
@@ -140,15 +160,19 @@ export default async function scimRoutes (app: FastifyTypeBox): Promise<void> {
     app.get(`${prefix}${path}`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, SERVICE_PROVIDER_CONFIG))
   }
   const listOf = (resources: unknown[]): unknown => ({ schemas: [URN.listResponse], totalResults: resources.length, startIndex: 1, itemsPerPage: resources.length, Resources: resources })
-  app.get(`${prefix}/ResourceTypes`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, listOf([USER_RESOURCE_TYPE])))
+  const resourceTypes = [USER_RESOURCE_TYPE, GROUP_RESOURCE_TYPE]
+  const schemas = [USER_SCHEMA, GROUP_SCHEMA]
+  app.get(`${prefix}/ResourceTypes`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, listOf(resourceTypes)))
   app.get(`${prefix}/ResourceTypes/:id`, { ...read, schema: { hide: true, params: ScimIdParams } }, async (request, reply) => {
-    if (request.params.id !== 'User') throw new AppError('route_not_found', 404, `No resource type ${request.params.id}.`)
-    return send(reply, 200, USER_RESOURCE_TYPE)
+    const found = resourceTypes.find(type => type.id === request.params.id)
+    if (found === undefined) throw new AppError('route_not_found', 404, `No resource type ${request.params.id}.`)
+    return send(reply, 200, found)
   })
-  app.get(`${prefix}/Schemas`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, listOf([USER_SCHEMA])))
+  app.get(`${prefix}/Schemas`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, listOf(schemas)))
   app.get(`${prefix}/Schemas/:id`, { ...read, schema: { hide: true, params: ScimIdParams } }, async (request, reply) => {
-    if (request.params.id !== URN.user) throw new AppError('route_not_found', 404, `No schema ${request.params.id}.`)
-    return send(reply, 200, USER_SCHEMA)
+    const found = schemas.find(schema => schema.id === request.params.id)
+    if (found === undefined) throw new AppError('route_not_found', 404, `No schema ${request.params.id}.`)
+    return send(reply, 200, found)
   })
 
   app.get(`${prefix}/Users`, { ...read, schema: { hide: true, querystring: ScimListQuery } }, async (request, reply) => {
@@ -191,6 +215,50 @@ export default async function scimRoutes (app: FastifyTypeBox): Promise<void> {
     schema: { hide: true, params: ScimIdParams, headers: IfMatchHeaders }
   }, async (request, reply) => {
     await deleteScimUser(app.db, scimOf(request), request.params.id, request.headers['if-match'])
+    return await reply.code(204).send()
+  })
+
+  app.get(`${prefix}/Groups`, { ...read, schema: { hide: true, querystring: ScimListQuery } }, async (request, reply) => {
+    const page = await listScimGroupsPage(app.db, scimOf(request).baseUrl, request.query)
+    return send(reply, 200, { schemas: [URN.listResponse], ...page })
+  })
+
+  app.get(`${prefix}/Groups/:id`, { ...read, schema: { hide: true, params: ScimIdParams, querystring: ScimAttributesQuery } }, async (request, reply) => {
+    const { resource, version } = await getScimGroup(app.db, request.params.id, scimOf(request).baseUrl)
+    return send(reply.header('ETag', etagOf(version)), 200, project(resource, request.query.attributes, request.query.excludedAttributes))
+  })
+
+  app.post(`${prefix}/Groups`, {
+    schema: { hide: true, body: ScimResourceBody },
+    config: { ...write.config, idempotent: true }
+  }, async (request, reply) => {
+    const { resource, version } = await createScimGroup(app.db, scimOf(request), request.body as Record<string, unknown>)
+    const meta = resource.meta as { location: string }
+    return send(reply.header('Location', meta.location).header('ETag', etagOf(version)), 201, resource)
+  })
+
+  app.put(`${prefix}/Groups/:id`, {
+    ...write,
+    schema: { hide: true, params: ScimIdParams, headers: IfMatchHeaders, body: ScimResourceBody }
+  }, async (request, reply) => {
+    const { resource, version } = await replaceScimGroup(app.db, scimOf(request), request.params.id, request.body as Record<string, unknown>, request.headers['if-match'])
+    return send(reply.header('ETag', etagOf(version)), 200, resource)
+  })
+
+  // 204, as Okta's group push and Microsoft's collection expect: a group's members can be many, and neither reads them back.
+  app.patch(`${prefix}/Groups/:id`, {
+    ...write,
+    schema: { hide: true, params: ScimIdParams, headers: IfMatchHeaders, body: ScimPatchBody }
+  }, async (request, reply) => {
+    const version = await patchScimGroup(app.db, scimOf(request), request.params.id, request.body, request.headers['if-match'])
+    return await reply.code(204).header('ETag', etagOf(version)).send()
+  })
+
+  app.delete(`${prefix}/Groups/:id`, {
+    ...read,
+    schema: { hide: true, params: ScimIdParams, headers: IfMatchHeaders }
+  }, async (request, reply) => {
+    await deleteScimGroup(app.db, scimOf(request), request.params.id, request.headers['if-match'])
     return await reply.code(204).send()
   })
 }

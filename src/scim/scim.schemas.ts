@@ -119,5 +119,25 @@ export const USER_SCHEMA = {
   meta: { resourceType: 'Schema', location: `/Schemas/${URN.user}` }
 }
 
+/** The Group schema as gatehouse keeps it. */
+export const GROUP_SCHEMA = {
+  schemas: [URN.schema],
+  id: URN.group,
+  name: 'Group',
+  description: 'Group',
+  attributes: [
+    attribute('displayName', 'string', 'Unique as written, at most 64 characters; the name in each member\'s groups.', { required: true, caseExact: true, uniqueness: 'server' }),
+    attribute('members', 'complex', 'The users in the group. Ids that are no user here are passed over.', {
+      multiValued: true,
+      subAttributes: [
+        attribute('value', 'string', 'The id of a user.', { mutability: 'immutable' }),
+        attribute('display', 'string', 'The user\'s userName.', { mutability: 'readOnly' }),
+        attribute('$ref', 'reference', 'The user\'s location.', { mutability: 'readOnly', referenceTypes: ['User'] })
+      ]
+    })
+  ],
+  meta: { resourceType: 'Schema', location: `/Schemas/${URN.group}` }
+}
+
 export const ERROR_SCIM_TYPES = ['invalidFilter', 'tooMany', 'uniqueness', 'mutability', 'invalidSyntax', 'invalidPath', 'noTarget', 'invalidValue', 'invalidVers', 'sensitive'] as const
 export type ScimType = typeof ERROR_SCIM_TYPES[number]

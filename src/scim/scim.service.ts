@@ -1,14 +1,35 @@
 import { scimPatch, ScimError as PatchError, type ScimPatchOperation } from 'scim-patch'
 import { filter as matches, parse as parseFilter } from 'scim2-parse-filter'
-import { toBool, toIso, toStringArray, type Db, type ScimEmail } from '../db/database.ts'
+import { toBool, toIso, type Db, type ScimEmail } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { nowIso } from '../lib/ids.ts'
-import { InvalidFilter, parseScimFilter } from '../lib/scim-filter.ts'
+import { InvalidFilter, parseScimFilter, type Filter } from '../lib/scim-filter.ts'
 import { changeUserRecorded, createUserRecorded, deleteUserRecorded, newUserRow, type UserChanges } from '../users/users.lifecycle.ts'
 import type { UserRow } from '../users/users.repository.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
-import { findScimUserById, findUserIdByEmail, listScimUsers, sortColumnOf, type ScimUserRow } from './scim.repository.ts'
+import {
+  findExistingUserIds,
+  findGroupsOfUsers,
+  findMembersOfGroups,
+  findScimGroupById,
+  findScimUserById,
+  findUserIdByEmail,
+  groupSortColumnOf,
+  listScimGroups,
+  listScimUsers,
+  sortColumnOf,
+  type ScimGroupRow,
+  type ScimUserRow
+} from './scim.repository.ts'
+import {
+  addGroupMembersRecorded,
+  changeGroupRecorded,
+  createGroupRecorded,
+  deleteGroupRecorded,
+  removeGroupMembersRecorded,
+  replaceGroupMembersRecorded
+} from '../groups/groups.lifecycle.ts'
 import { DEFAULT_COUNT, MAX_RESULTS, URN, type ScimListQuery, type ScimPatchBody, type ScimResourceBody } from './scim.schemas.ts'
 
 /** Where resources live, for `meta.location`: the absolute URL of /scim/v2. */
@@ -149,13 +170,12 @@ function emailsOfRow (row: ScimUserRow): ScimEmail[] {
 }
 
 /** The User resource of a row: core schema, as /Schemas describes it. */
-export function userResource (row: ScimUserRow, baseUrl: string): Resource {
+export function userResource (row: ScimUserRow, baseUrl: string, groups: ReadonlyArray<{ id: string, display_name: string }>): Resource {
   const name: Resource = {}
   if (row.formatted_name !== null) name.formatted = row.formatted_name
   if (row.last_name !== null) name.familyName = row.last_name
   if (row.first_name !== null) name.givenName = row.first_name
   const emails = emailsOfRow(row)
-  const groups = toStringArray(row.groups)
   return {
     schemas: [URN.user],
     id: row.id,
@@ -165,7 +185,7 @@ export function userResource (row: ScimUserRow, baseUrl: string): Resource {
     ...(row.display_name !== null ? { displayName: row.display_name } : {}),
     active: !toBool(row.disabled),
     ...(emails.length > 0 ? { emails } : {}),
-    ...(groups.length > 0 ? { groups: groups.map(group => ({ value: group, display: group })) } : {}),
+    ...(groups.length > 0 ? { groups: groups.map(group => ({ value: group.id, display: group.display_name, $ref: `${baseUrl}/Groups/${group.id}` })) } : {}),
     meta: {
       resourceType: 'User',
       created: toIso(row.created_at),
@@ -177,11 +197,12 @@ export function userResource (row: ScimUserRow, baseUrl: string): Resource {
 }
 
 const CORE_USER_PREFIX = `${URN.user}:`.toLowerCase()
+const CORE_PREFIXES = [CORE_USER_PREFIX, `${URN.group}:`.toLowerCase()]
 
 /** `attributes` / `excludedAttributes` (RFC 7644 §3.4.2.5): `id` and `schemas` are always returned. */
 export function project (resource: Resource, attributes: string | undefined, excluded: string | undefined): Resource {
   const list = (text: string | undefined): string[] => (text ?? '').split(',').map(s => s.trim()).filter(s => s !== '')
-    .map(s => s.toLowerCase().startsWith(CORE_USER_PREFIX) ? s.slice(CORE_USER_PREFIX.length) : s)
+    .map(s => s.slice(CORE_PREFIXES.find(prefix => s.toLowerCase().startsWith(prefix))?.length ?? 0))
   const wanted = list(attributes)
   const unwanted = list(excluded)
   const findKey = (object: Resource, name: string): string | undefined => Object.keys(object).find(k => k.toLowerCase() === name.toLowerCase())
@@ -236,20 +257,21 @@ export function project (resource: Resource, attributes: string | undefined, exc
   return out
 }
 
-export interface ScimUserAnswer { resource: Resource, version: number }
+export interface ScimAnswer { resource: Resource, version: number }
 
-async function readUser (db: Db, id: string, baseUrl: string): Promise<ScimUserAnswer> {
+async function readUser (db: Db, id: string, baseUrl: string): Promise<ScimAnswer> {
   const row = await findScimUserById(db, id)
   if (row === undefined) throw notFound(id)
-  return { resource: userResource(row, baseUrl), version: row.version }
+  const groups = await findGroupsOfUsers(db, [id])
+  return { resource: userResource(row, baseUrl, groups.get(id) ?? []), version: row.version }
 }
 
-export async function getScimUser (db: Db, id: string, baseUrl: string): Promise<ScimUserAnswer> {
+export async function getScimUser (db: Db, id: string, baseUrl: string): Promise<ScimAnswer> {
   return await readUser(db, id, baseUrl)
 }
 
 /** Creates a user from a SCIM User: role `user`, no password (SCIM users sign in through single sign-on). */
-export async function createScimUser (db: Db, scim: ScimContext, body: ScimResourceBody): Promise<ScimUserAnswer> {
+export async function createScimUser (db: Db, scim: ScimContext, body: ScimResourceBody): Promise<ScimAnswer> {
   const fields = fieldsOf(body)
   return await db.transaction().execute(async trx => {
     const now = nowIso()
@@ -277,7 +299,7 @@ export async function createScimUser (db: Db, scim: ScimContext, body: ScimResou
  * replaces the resource (RFC 7644 §3.5.1), except `active`: a PUT that does
  * not mention it neither enables nor disables anyone.
  */
-async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, resource: Resource, ifMatch: string | undefined): Promise<ScimUserAnswer> {
+async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, resource: Resource, ifMatch: string | undefined): Promise<ScimAnswer> {
   const fields = fieldsOf(resource)
   const changes: UserChanges = {
     username: fields.username,
@@ -304,7 +326,7 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
   return await readUser(trx, current.id, scim.baseUrl)
 }
 
-export async function replaceScimUser (db: Db, scim: ScimContext, id: string, body: ScimResourceBody, ifMatch: string | undefined): Promise<ScimUserAnswer> {
+export async function replaceScimUser (db: Db, scim: ScimContext, id: string, body: ScimResourceBody, ifMatch: string | undefined): Promise<ScimAnswer> {
   return await db.transaction().execute(async trx => {
     const current = await findScimUserById(trx, id)
     if (current === undefined) throw notFound(id)
@@ -358,11 +380,11 @@ export function patchedResource (resource: Resource, body: ScimPatchBody): Resou
   }
 }
 
-export async function patchScimUser (db: Db, scim: ScimContext, id: string, body: ScimPatchBody, ifMatch: string | undefined): Promise<ScimUserAnswer> {
+export async function patchScimUser (db: Db, scim: ScimContext, id: string, body: ScimPatchBody, ifMatch: string | undefined): Promise<ScimAnswer> {
   return await db.transaction().execute(async trx => {
     const current = await findScimUserById(trx, id)
     if (current === undefined) throw notFound(id)
-    const resource = userResource(current, scim.baseUrl)
+    const resource = userResource(current, scim.baseUrl, [])
     const patched = patchedResource(resource, body)
     // Groups are read-only on the user, and the meta block is the server's.
     delete patched.groups
@@ -380,26 +402,200 @@ export async function deleteScimUser (db: Db, scim: ScimContext, id: string, ifM
 export interface ScimListAnswer { totalResults: number, startIndex: number, itemsPerPage: number, Resources: Resource[] }
 
 /** GET /Users: filter, sortBy/sortOrder, startIndex/count (RFC 7644 §3.4.2). */
-export async function listScimUsersPage (db: Db, baseUrl: string, query: ScimListQuery): Promise<ScimListAnswer> {
-  let filter
+/** The filter and paging of a list request; an unparsable filter is 400 invalidFilter. */
+function listQueryOf (query: ScimListQuery): { filter: Filter | undefined, startIndex: number, count: number, descending: boolean } {
+  let filter: Filter | undefined
   try {
     filter = query.filter !== undefined && query.filter.trim() !== '' ? parseScimFilter(query.filter) : undefined
   } catch (error) {
     if (error instanceof InvalidFilter) throw new AppError('invalid_filter', 400, error.message)
     throw error
   }
-  const sortColumn = query.sortBy !== undefined ? sortColumnOf(query.sortBy) : 'created_at'
-  if (sortColumn === undefined) throw invalidValue(`Users cannot be sorted by "${query.sortBy!}".`)
   // RFC 7644 §3.4.2.4: a startIndex below 1 is 1, a negative count is 0.
   const startIndex = Math.max(1, query.startIndex ?? 1)
   const count = Math.min(MAX_RESULTS, Math.max(0, query.count ?? DEFAULT_COUNT))
-  let page
+  return { filter, startIndex, count, descending: query.sortOrder?.toLowerCase() === 'descending' }
+}
+
+/** Runs a list query, turning a filter that names what cannot be filtered on into 400 invalidFilter. */
+async function filtered<T> (list: () => Promise<T>): Promise<T> {
   try {
-    page = await listScimUsers(db, { filter, sortColumn, descending: query.sortOrder?.toLowerCase() === 'descending', offset: startIndex - 1, limit: count })
+    return await list()
   } catch (error) {
     if (error instanceof InvalidFilter) throw new AppError('invalid_filter', 400, error.message)
     throw error
   }
-  const Resources = page.rows.map(row => project(userResource(row, baseUrl), query.attributes, query.excludedAttributes))
+}
+
+export async function listScimUsersPage (db: Db, baseUrl: string, query: ScimListQuery): Promise<ScimListAnswer> {
+  const { filter, startIndex, count, descending } = listQueryOf(query)
+  const sortColumn = query.sortBy !== undefined ? sortColumnOf(query.sortBy) : 'created_at'
+  if (sortColumn === undefined) throw invalidValue(`Users cannot be sorted by "${query.sortBy!}".`)
+  const page = await filtered(async () => await listScimUsers(db, { filter, sortColumn, descending, offset: startIndex - 1, limit: count }))
+  const groups = await findGroupsOfUsers(db, page.rows.map(row => row.id))
+  const Resources = page.rows.map(row => project(userResource(row, baseUrl, groups.get(row.id) ?? []), query.attributes, query.excludedAttributes))
+  return { totalResults: page.total, startIndex, itemsPerPage: Resources.length, Resources }
+}
+
+function groupNotFound (id: string): AppError {
+  return new AppError('group_not_found', 404, `No group has the id ${id}.`)
+}
+
+/** The Group resource of a row: core schema, members as user ids with their userName. */
+export function groupResource (row: ScimGroupRow, baseUrl: string, members: ReadonlyArray<{ id: string, username: string }>): Resource {
+  return {
+    schemas: [URN.group],
+    id: row.id,
+    ...(row.external_id !== null ? { externalId: row.external_id } : {}),
+    displayName: row.display_name,
+    members: members.map(member => ({ value: member.id, display: member.username, $ref: `${baseUrl}/Users/${member.id}` })),
+    meta: {
+      resourceType: 'Group',
+      created: toIso(row.created_at),
+      lastModified: toIso(row.updated_at),
+      version: etagOf(row.version),
+      location: `${baseUrl}/Groups/${row.id}`
+    }
+  }
+}
+
+async function readGroup (db: Db, id: string, baseUrl: string): Promise<ScimAnswer> {
+  const row = await findScimGroupById(db, id)
+  if (row === undefined) throw groupNotFound(id)
+  const members = await findMembersOfGroups(db, [id])
+  return { resource: groupResource(row, baseUrl, members.get(id) ?? []), version: row.version }
+}
+
+export async function getScimGroup (db: Db, id: string, baseUrl: string): Promise<ScimAnswer> {
+  return await readGroup(db, id, baseUrl)
+}
+
+/**
+ * The user ids a `members` value names: `[{"value": "<id>"}]`, or a bare id
+ * string (Microsoft's collection sends one). Ids that are no user are passed
+ * over: an identity provider pushes a group with members it has not
+ * provisioned here (not assigned to the app), and refusing the whole change
+ * would stop that group's memberships from syncing at all.
+ */
+async function memberIdsOf (db: Db, value: unknown): Promise<string[]> {
+  if (value === undefined || value === null) return []
+  const entries = Array.isArray(value) ? value : [value]
+  const ids = entries.map((entry, i) => {
+    const id = isObject(entry) ? attr(entry, 'value') : entry
+    if (typeof id !== 'string') throw invalidValue(`members[${i}].value must be a user id.`)
+    return id
+  })
+  return await findExistingUserIds(db, ids)
+}
+
+function displayNameOf (resource: Resource): string {
+  const name = attr(resource, 'displayName')
+  if (typeof name !== 'string' || name.trim() === '') throw invalidValue('displayName is required.')
+  if (name.length > 64) throw invalidValue('displayName is longer than 64 characters (a group name is one of a user\'s groups).')
+  return name
+}
+
+export async function createScimGroup (db: Db, scim: ScimContext, body: ScimResourceBody): Promise<ScimAnswer> {
+  const displayName = displayNameOf(body)
+  const externalId = optionalString(attr(body, 'externalId'), 'externalId', 255)
+  return await db.transaction().execute(async trx => {
+    const memberIds = await memberIdsOf(trx, attr(body, 'members'))
+    const { group } = await createGroupRecorded(trx, scim.ctx, { display_name: displayName, external_id: externalId ?? null, member_ids: memberIds })
+    return await readGroup(trx, group.id, scim.baseUrl)
+  })
+}
+
+function groupIfMatch (ifMatch: string | undefined): (current: ScimGroupRow) => void {
+  return current => {
+    if (ifMatch === undefined) return
+    const tags = ifMatch.split(',').map(t => t.trim().replace(/^W\//, ''))
+    if (!tags.includes('*') && !tags.includes(`"${current.version}"`)) {
+      throw new AppError('precondition_failed', 412, 'The group changed since you read it (If-Match does not match its version); read it again and retry.')
+    }
+  }
+}
+
+/** PUT: the name, external id and members become what the resource says (no members: none). */
+export async function replaceScimGroup (db: Db, scim: ScimContext, id: string, body: ScimResourceBody, ifMatch: string | undefined): Promise<ScimAnswer> {
+  const displayName = displayNameOf(body)
+  const externalId = optionalString(attr(body, 'externalId'), 'externalId', 255)
+  return await db.transaction().execute(async trx => {
+    if (await findScimGroupById(trx, id) === undefined) throw groupNotFound(id)
+    const memberIds = await memberIdsOf(trx, attr(body, 'members'))
+    await changeGroupRecorded(trx, scim.ctx, id, { display_name: displayName, external_id: externalId ?? null }, { check: groupIfMatch(ifMatch) })
+    await replaceGroupMembersRecorded(trx, scim.ctx, id, memberIds)
+    return await readGroup(trx, id, scim.baseUrl)
+  })
+}
+
+const MEMBER_FILTER = /^members\s*\[\s*value\s+eq\s+"([^"]*)"\s*\]$/i
+
+/**
+ * PATCH on a group, as Okta and Entra send it, each operation through the
+ * group lifecycle: `add` members; `remove` with `members[value eq "<id>"]`,
+ * or Entra's `{"op":"Remove","path":"members","value":[{"value":"<id>"}]}`,
+ * which removes only those members (a path with no value removes them all);
+ * `replace` of members, displayName or externalId, also path-less with an
+ * object value.
+ */
+export async function patchScimGroup (db: Db, scim: ScimContext, id: string, body: ScimPatchBody, ifMatch: string | undefined): Promise<number> {
+  return await db.transaction().execute(async trx => {
+    const current = await findScimGroupById(trx, id)
+    if (current === undefined) throw groupNotFound(id)
+    groupIfMatch(ifMatch)(current)
+    for (const operation of body.Operations) {
+      const op = operation.op.toLowerCase()
+      if (op !== 'add' && op !== 'replace' && op !== 'remove') throw invalidValue(`"${operation.op}" is not a PATCH operation (add, replace or remove).`)
+      const rawPath = operation.path?.trim() ?? ''
+      const path = rawPath.toLowerCase().startsWith(`${URN.group.toLowerCase()}:`) ? rawPath.slice(URN.group.length + 1) : rawPath
+      const one = MEMBER_FILTER.exec(path)
+      if (one !== null) {
+        if (op !== 'remove') throw new AppError('invalid_path', 400, 'members[value eq "…"] is a path for remove; add members with the path members.')
+        await removeGroupMembersRecorded(trx, scim.ctx, id, await findExistingUserIds(trx, [one[1]!]))
+        continue
+      }
+      const values: Resource = path === '' ? (isObject(operation.value) ? operation.value : {}) : { [path]: operation.value }
+      if (path === '' && !isObject(operation.value)) throw invalidValue(`A ${op} without a path takes an object of attributes.`)
+      for (const [name, value] of Object.entries(values)) {
+        switch (name.toLowerCase()) {
+          case 'members': {
+            if (op === 'add') await addGroupMembersRecorded(trx, scim.ctx, id, await memberIdsOf(trx, value))
+            else if (op === 'replace') await replaceGroupMembersRecorded(trx, scim.ctx, id, await memberIdsOf(trx, value))
+            else if (value === undefined || value === null) await replaceGroupMembersRecorded(trx, scim.ctx, id, [])
+            else await removeGroupMembersRecorded(trx, scim.ctx, id, await memberIdsOf(trx, value))
+            break
+          }
+          case 'displayname':
+            if (op === 'remove') throw new AppError('invalid_value', 400, 'displayName is required; it cannot be removed.')
+            await changeGroupRecorded(trx, scim.ctx, id, { display_name: displayNameOf({ displayName: value }) })
+            break
+          case 'externalid':
+            await changeGroupRecorded(trx, scim.ctx, id, { external_id: op === 'remove' ? null : optionalString(value, 'externalId', 255) ?? null })
+            break
+          default:
+            throw new AppError('invalid_path', 400, `A group has no attribute "${name}" that can be changed (members, displayName, externalId).`)
+        }
+      }
+    }
+    return (await findScimGroupById(trx, id))!.version
+  })
+}
+
+export async function deleteScimGroup (db: Db, scim: ScimContext, id: string, ifMatch: string | undefined): Promise<void> {
+  await db.transaction().execute(async trx => {
+    if (await findScimGroupById(trx, id) === undefined) throw groupNotFound(id)
+    await deleteGroupRecorded(trx, scim.ctx, id, { check: groupIfMatch(ifMatch) })
+  })
+}
+
+export async function listScimGroupsPage (db: Db, baseUrl: string, query: ScimListQuery): Promise<ScimListAnswer> {
+  const { filter, startIndex, count, descending } = listQueryOf(query)
+  const sortColumn = query.sortBy !== undefined ? groupSortColumnOf(query.sortBy) : 'display_name'
+  if (sortColumn === undefined) throw invalidValue(`Groups cannot be sorted by "${query.sortBy!}".`)
+  const page = await filtered(async () => await listScimGroups(db, { filter, sortColumn, descending, offset: startIndex - 1, limit: count }))
+  // Entra asks with excludedAttributes=members when it only wants to know a group is there: no members are read then.
+  const wantsMembers = !(query.excludedAttributes ?? '').split(',').some(a => a.trim().toLowerCase() === 'members')
+  const members = wantsMembers ? await findMembersOfGroups(db, page.rows.map(row => row.id)) : new Map<string, Array<{ id: string, username: string }>>()
+  const Resources = page.rows.map(row => project(groupResource(row, baseUrl, members.get(row.id) ?? []), query.attributes, query.excludedAttributes))
   return { totalResults: page.total, startIndex, itemsPerPage: Resources.length, Resources }
 }
