@@ -301,15 +301,16 @@ export async function createScimUser (db: Db, scim: ScimContext, body: ScimResou
  */
 async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, resource: Resource, ifMatch: string | undefined): Promise<ScimAnswer> {
   const fields = fieldsOf(resource)
+  // Emails as the user already shows them (an address set through the REST API included) are no change.
+  const sameEmails = JSON.stringify(fields.scim_emails ?? []) === JSON.stringify(emailsOfRow(current))
   const changes: UserChanges = {
     username: fields.username,
-    email: await gatehouseEmailOf(trx, fields.scim_emails, current.id),
+    ...(sameEmails ? {} : { email: await gatehouseEmailOf(trx, fields.scim_emails, current.id), scim_emails: fields.scim_emails }),
     first_name: fields.first_name ?? null,
     last_name: fields.last_name ?? null,
     formatted_name: fields.formatted_name ?? null,
     display_name: fields.display_name ?? null,
     external_id: fields.external_id ?? null,
-    scim_emails: fields.scim_emails,
     ...(fields.disabled !== undefined ? { disabled: fields.disabled } : {})
   }
   await changeUserRecorded(trx, scim.ctx, current.id, changes, {
