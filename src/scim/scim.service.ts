@@ -161,7 +161,9 @@ async function gatehouseEmailOf (db: Db, emails: ScimEmail[] | null, userId: str
 }
 
 function emailsOfRow (row: ScimUserRow): ScimEmail[] {
-  const stored: ScimEmail[] = row.scim_emails === null ? [] : typeof row.scim_emails === 'string' ? JSON.parse(row.scim_emails) as ScimEmail[] : row.scim_emails
+  const parsed: ScimEmail[] = row.scim_emails === null ? [] : typeof row.scim_emails === 'string' ? JSON.parse(row.scim_emails) as ScimEmail[] : row.scim_emails
+  // In the order emailsOf writes them: PostgreSQL's jsonb gives the keys back in an order of its own.
+  const stored = parsed.map(e => ({ value: e.value, ...(e.type !== undefined ? { type: e.type } : {}), ...(e.primary !== undefined ? { primary: e.primary } : {}) }))
   // An address set through another door than SCIM is the primary one.
   if (row.email !== null && !stored.some(e => e.value.toLowerCase() === row.email!.toLowerCase())) {
     return [{ value: row.email, type: 'work', primary: true }, ...stored.map(e => ({ ...e, primary: false }))]

@@ -76,6 +76,13 @@ export interface NewUser {
 /** The SCIM fields of a user, as `user.created` and `user.updated` events name them. */
 const SCIM_FIELDS = ['external_id', 'display_name', 'formatted_name', 'scim_emails'] as const
 
+/** JSON with every object's keys in order: PostgreSQL's jsonb gives keys back in an order of its own. */
+function sortedJson (value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) => typeof v === 'object' && v !== null && !Array.isArray(v)
+    ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0))
+    : v)
+}
+
 function scimFieldsOf (row: Partial<Record<typeof SCIM_FIELDS[number], unknown>>): Record<string, unknown> {
   const fields: Record<string, unknown> = {}
   for (const field of SCIM_FIELDS) {
@@ -316,7 +323,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
     const to = changes[field]
     if (to === undefined) continue
     const from = oldScim[field] ?? null
-    if (JSON.stringify(from) === JSON.stringify(to)) continue
+    if (sortedJson(from) === sortedJson(to)) continue
     diff[field] = { from, to }
     if (field === 'scim_emails') update.scim_emails = to === null ? null : JSON.stringify(to)
     else update[field] = to as string | null
