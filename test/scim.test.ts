@@ -96,7 +96,7 @@ for (const dialect of dialects()) {
         assert.equal(config.filter.supported, true)
         assert.equal(config.bulk.supported, false)
         assert.equal(config.etag.supported, true)
-        assert.equal(config.changePassword.supported, false)
+        assert.equal(config.changePassword.supported, true)
       })
 
       it('lists the User and Group resource types and schemas, with exactly the attributes a user returns', async () => {
@@ -104,7 +104,7 @@ for (const dialect of dialects()) {
         assert.deepEqual(types.Resources.map((r: { endpoint: string }) => r.endpoint), ['/Users', '/Groups'])
         const schemas = (await scim('GET', '/Schemas')).json()
         const user = schemas.Resources.find((s: { id: string }) => s.id === USER)
-        const advertised = user.attributes.map((a: { name: string }) => a.name).sort()
+        const advertised = user.attributes.filter((a: { returned: string }) => a.returned !== 'never').map((a: { name: string }) => a.name).sort()
         const full = await createUser({ externalId: 'ext-1', displayName: 'Ada L', name: { givenName: 'Ada', familyName: 'Lovelace', formatted: 'Ada Lovelace' } })
         const group = await scim('POST', '/Groups', { schemas: [GROUP], displayName: uniqueName('g'), members: [{ value: full.id }] })
         assert.equal(group.statusCode, 201, group.body)
@@ -169,10 +169,22 @@ for (const dialect of dialects()) {
         assert.equal((await api('GET', `/auth/api/users/${second.id as string}`)).json().email, null)
       })
 
-      it('refuses a password: SCIM users sign in through single sign-on', async () => {
-        const res = await scim('POST', '/Users', { schemas: [USER], userName: uniqueName('pw'), password: GOOD_PASSWORD })
-        assert.equal(res.statusCode, 400)
-        assert.equal(res.json().scimType, 'invalidValue')
+      it('takes a password Okta syncs under the REST API\'s rules, never returns it, and a weak one is 400 invalidValue', async () => {
+        const userName = uniqueName('pw')
+        const res = await scim('POST', '/Users', { schemas: [USER], userName, password: GOOD_PASSWORD })
+        assert.equal(res.statusCode, 201, res.body)
+        assert.equal(JSON.stringify(res.json()).includes(GOOD_PASSWORD), false)
+        const login = async (password: string): Promise<number> =>
+          (await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: userName, password } })).statusCode
+        assert.equal(await login(GOOD_PASSWORD), 200)
+        const weak = await scim('PATCH', `/Users/${res.json().id as string}`, patch({ op: 'replace', path: 'password', value: 'short' }))
+        assert.equal(weak.statusCode, 400)
+        assert.equal(weak.json().scimType, 'invalidValue')
+        const changed = await scim('PATCH', `/Users/${res.json().id as string}`, patch({ op: 'replace', value: { password: `${GOOD_PASSWORD} two`, displayName: 'P' } }))
+        assert.equal(changed.statusCode, 200, changed.body)
+        assert.equal(changed.json().displayName, 'P')
+        assert.equal(await login(GOOD_PASSWORD), 401)
+        assert.equal(await login(`${GOOD_PASSWORD} two`), 200)
       })
 
       it('replays a create retried with the same Idempotency-Key, and makes one user', async () => {

@@ -3,6 +3,7 @@ import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { AppError, logFailure, toAppError, type ErrorCode } from '../errors.ts'
 import { jsonParserWithPosition } from '../lib/json-body.ts'
+import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import {
   IfMatchHeaders,
   MAX_RESULTS,
@@ -66,6 +67,10 @@ const SCIM_ERRORS: Partial<Record<ErrorCode, { status?: number, scimType?: ScimT
   conflict: { scimType: 'uniqueness' },
   last_admin: { scimType: 'mutability' },
   group_exists: { scimType: 'uniqueness' },
+  password_too_short: { status: 400, scimType: 'invalidValue' },
+  password_too_long: { status: 400, scimType: 'invalidValue' },
+  password_contains_username: { status: 400, scimType: 'invalidValue' },
+  password_too_common: { status: 400, scimType: 'invalidValue' },
   too_many_groups: { scimType: 'invalidValue' }
 }
 
@@ -92,7 +97,7 @@ const SERVICE_PROVIDER_CONFIG = {
   patch: { supported: true },
   bulk: { supported: false, maxOperations: 0, maxPayloadSize: 0 },
   filter: { supported: true, maxResults: MAX_RESULTS },
-  changePassword: { supported: false },
+  changePassword: { supported: true },
   sort: { supported: true },
   etag: { supported: true },
   authenticationSchemes: [{
@@ -153,7 +158,12 @@ export default async function scimRoutes (app: FastifyTypeBox): Promise<void> {
 
   const read = { config: { scope: 'scim' as const } }
   const write = { config: { scope: 'scim' as const, accepts: SCIM_MEDIA_TYPES } }
-  const scimOf = (request: FastifyRequest): ScimContext => ({ ctx: requestContext(request), baseUrl: baseUrlOf(request, app.prefix) })
+  const policy = passwordPolicyOf(app.config)
+  const hashPassword = async (password: string, username: string): Promise<string> => {
+    checkPasswordPolicy(password, username, policy)
+    return await app.passwords.hash(password)
+  }
+  const scimOf = (request: FastifyRequest): ScimContext => ({ ctx: requestContext(request), baseUrl: baseUrlOf(request, app.prefix), hashPassword })
   const send = (reply: FastifyReply, status: number, body: unknown): FastifyReply => reply.code(status).type(SCIM_CONTENT_TYPE).send(body)
 
   for (const path of ['/ServiceProviderConfig', '/serviceConfiguration']) {

@@ -97,6 +97,7 @@ export const USER_SCHEMA = {
       ]
     }),
     attribute('displayName', 'string', 'The name to show for the user.'),
+    attribute('password', 'string', 'Write-only, never returned: the password rules of the REST API apply. Setting one ends the user\'s sessions and API keys.', { mutability: 'writeOnly', returned: 'never' }),
     attribute('active', 'boolean', 'false disables the user (their sessions end and API keys are revoked); true enables them again.'),
     attribute('emails', 'complex', 'Addresses as the client sends them. The primary one (or the first) is gatehouse\'s email when it is an address no other user has.', {
       multiValued: true,

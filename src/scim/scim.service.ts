@@ -32,8 +32,13 @@ import {
 } from '../groups/groups.lifecycle.ts'
 import { DEFAULT_COUNT, MAX_RESULTS, URN, type ScimListQuery, type ScimPatchBody, type ScimResourceBody } from './scim.schemas.ts'
 
-/** Where resources live, for `meta.location`: the absolute URL of /scim/v2. */
-export interface ScimContext { ctx: RequestContext, baseUrl: string }
+/** Who asked, where resources live (`meta.location`: the absolute URL of /scim/v2), and how a password is checked and hashed. */
+export interface ScimContext {
+  ctx: RequestContext
+  baseUrl: string
+  /** Applies the password rules (as the REST API does) and hashes; called before any transaction, as a hash takes milliseconds. */
+  hashPassword: (password: string, username: string) => Promise<string>
+}
 
 /** A SCIM resource as sent: an object of attributes. */
 export type Resource = Record<string, unknown>
@@ -125,10 +130,22 @@ interface ResourceFields {
   scim_emails: ScimEmail[] | null
 }
 
+/**
+ * The password a resource carries (Okta sends one when its "Sync Password"
+ * is on): it is write-only and never part of a resource read back.
+ */
+function passwordOf (resource: Resource): string | undefined {
+  const password = attr(resource, 'password')
+  if (password === undefined || password === null) return undefined
+  if (typeof password !== 'string' || password === '') throw invalidValue('password must be a string.')
+  return password
+}
+
+function withoutPassword (resource: Resource): Resource {
+  return Object.fromEntries(Object.entries(resource).filter(([key]) => key.toLowerCase() !== 'password'))
+}
+
 function fieldsOf (resource: Resource): ResourceFields {
-  if (attr(resource, 'password') !== undefined) {
-    throw invalidValue('Passwords are not taken through SCIM (users sign in through single sign-on); turn password sync off in the identity provider.')
-  }
   const userName = attr(resource, 'userName')
   if (typeof userName !== 'string' || userName === '') throw invalidValue('userName is required.')
   if (!USERNAME.test(userName)) throw invalidValue('userName must be 1 to 64 characters: letters, digits, and . _ @ -.')
@@ -275,6 +292,8 @@ export async function getScimUser (db: Db, id: string, baseUrl: string): Promise
 /** Creates a user from a SCIM User: role `user`, no password (SCIM users sign in through single sign-on). */
 export async function createScimUser (db: Db, scim: ScimContext, body: ScimResourceBody): Promise<ScimAnswer> {
   const fields = fieldsOf(body)
+  const password = passwordOf(body)
+  const passwordHash = password !== undefined ? await scim.hashPassword(password, fields.username) : null
   return await db.transaction().execute(async trx => {
     const now = nowIso()
     const row = newUserRow({
@@ -287,7 +306,7 @@ export async function createScimUser (db: Db, scim: ScimContext, body: ScimResou
       display_name: fields.display_name,
       formatted_name: fields.formatted_name,
       scim_emails: fields.scim_emails
-    }, null, false, now)
+    }, passwordHash, passwordHash !== null, now)
     row.provisioned_at = now
     await createUserRecorded(trx, scim.ctx, row, SOURCE)
     return await readUser(trx, row.id, scim.baseUrl)
@@ -301,7 +320,7 @@ export async function createScimUser (db: Db, scim: ScimContext, body: ScimResou
  * replaces the resource (RFC 7644 §3.5.1), except `active`: a PUT that does
  * not mention it neither enables nor disables anyone.
  */
-async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, resource: Resource, ifMatch: string | undefined): Promise<ScimAnswer> {
+async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, resource: Resource, ifMatch: string | undefined, passwordHash: string | undefined): Promise<ScimAnswer> {
   const fields = fieldsOf(resource)
   // Emails as the user already shows them (an address set through the REST API included) are no change.
   const sameEmails = JSON.stringify(fields.scim_emails ?? []) === JSON.stringify(emailsOfRow(current))
@@ -313,7 +332,8 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
     formatted_name: fields.formatted_name ?? null,
     display_name: fields.display_name ?? null,
     external_id: fields.external_id ?? null,
-    ...(fields.disabled !== undefined ? { disabled: fields.disabled } : {})
+    ...(fields.disabled !== undefined ? { disabled: fields.disabled } : {}),
+    ...(passwordHash !== undefined ? { password_hash: passwordHash } : {})
   }
   await changeUserRecorded(trx, scim.ctx, current.id, changes, {
     lastAdmin: 'refuse',
@@ -329,11 +349,19 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
   return await readUser(trx, current.id, scim.baseUrl)
 }
 
+/** A new password is hashed before the transaction, against the userName it will have. */
+async function hashOf (scim: ScimContext, password: string | undefined, resource: Resource): Promise<string | undefined> {
+  if (password === undefined) return undefined
+  const userName = attr(resource, 'userName')
+  return await scim.hashPassword(password, typeof userName === 'string' ? userName : '')
+}
+
 export async function replaceScimUser (db: Db, scim: ScimContext, id: string, body: ScimResourceBody, ifMatch: string | undefined): Promise<ScimAnswer> {
+  const passwordHash = await hashOf(scim, passwordOf(body), body)
   return await db.transaction().execute(async trx => {
     const current = await findScimUserById(trx, id)
     if (current === undefined) throw notFound(id)
-    return await applyResource(trx, scim, current, body, ifMatch)
+    return await applyResource(trx, scim, current, withoutPassword(body), ifMatch, passwordHash)
   })
 }
 
@@ -383,15 +411,41 @@ export function patchedResource (resource: Resource, body: ScimPatchBody): Resou
   }
 }
 
+/** A password a PATCH sets (`path: "password"`, or a path-less replace with one), taken out of its operations. */
+function splitPassword (body: ScimPatchBody): { password: string | undefined, body: ScimPatchBody } {
+  let password: string | undefined
+  const operations = body.Operations.flatMap(operation => {
+    if (operation.path?.trim().toLowerCase() === 'password') {
+      if (operation.op.toLowerCase() === 'remove') throw new AppError('invalid_path', 400, 'A password cannot be removed; set a new one or disable the user.')
+      password = passwordOf({ password: operation.value })
+      return []
+    }
+    if ((operation.path === undefined || operation.path === '') && isObject(operation.value) && attr(operation.value, 'password') !== undefined) {
+      password = passwordOf(operation.value)
+      const rest = withoutPassword(operation.value)
+      return Object.keys(rest).length > 0 ? [{ ...operation, value: rest }] : []
+    }
+    return [operation]
+  })
+  return { password, body: { ...body, Operations: operations } }
+}
+
 export async function patchScimUser (db: Db, scim: ScimContext, id: string, body: ScimPatchBody, ifMatch: string | undefined): Promise<ScimAnswer> {
+  const split = splitPassword(body)
+  let passwordHash: string | undefined
+  if (split.password !== undefined) {
+    // The rules compare the password with the userName: the one this PATCH sets, or the user's.
+    const renamed = split.body.Operations.find(o => o.path?.toLowerCase() === 'username' && typeof o.value === 'string')?.value as string | undefined
+    passwordHash = await scim.hashPassword(split.password, renamed ?? (await findScimUserById(db, id))?.username ?? '')
+  }
   return await db.transaction().execute(async trx => {
     const current = await findScimUserById(trx, id)
     if (current === undefined) throw notFound(id)
     const resource = userResource(current, scim.baseUrl, [])
-    const patched = patchedResource(resource, body)
+    const patched = split.body.Operations.length > 0 ? patchedResource(resource, split.body) : resource
     // Groups are read-only on the user, and the meta block is the server's.
     delete patched.groups
-    return await applyResource(trx, scim, current, patched, ifMatch)
+    return await applyResource(trx, scim, current, patched, ifMatch, passwordHash)
   })
 }
 
@@ -574,6 +628,12 @@ export async function patchScimGroup (db: Db, scim: ScimContext, id: string, bod
             break
           case 'externalid':
             await changeGroupRecorded(trx, scim.ctx, id, { external_id: op === 'remove' ? null : optionalString(value, 'externalId', 255) ?? null })
+            break
+          // Okta's rename sends the group's own id with the new name; an id is never changed.
+          case 'id':
+            if (value !== id) throw new AppError('invalid_value', 400, 'A group\'s id cannot be changed.')
+            break
+          case 'schemas':
             break
           default:
             throw new AppError('invalid_path', 400, `A group has no attribute "${name}" that can be changed (members, displayName, externalId).`)
