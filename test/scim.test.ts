@@ -207,6 +207,24 @@ for (const dialect of dialects()) {
       })
     })
 
+    describe('the console', () => {
+      it('shows on a user\'s page that SCIM manages them, their externalId and the last provisioning change', async () => {
+        const admin = await api('POST', '/auth/api/users', { username: uniqueName('console'), password: GOOD_PASSWORD, role: 'admin' })
+        const login = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: admin.json().username, password: GOOD_PASSWORD } })
+        const cookie = `gatehouse_session=${login.json().token as string}`
+        const user = await createUser({ externalId: 'okta-<00u9>' })
+        const changed = await scim('PATCH', `/Users/${user.id as string}`, patch({ op: 'replace', path: 'displayName', value: 'Changed' }))
+        const page = await t.app.inject({ method: 'GET', url: `/auth/admin/users/${user.id as string}`, headers: { cookie } })
+        assert.equal(page.statusCode, 200, page.body)
+        assert.match(page.body, /managed by SCIM; externalId <code>okta-&#60;00u9&#62;<\/code>/)
+        assert.ok(page.body.includes(`last provisioning change <time datetime="${changed.json().meta.lastModified as string}">`), 'the time of the last SCIM change')
+        const other = await api('POST', '/auth/api/users', { username: uniqueName('plain') })
+        const plain = await t.app.inject({ method: 'GET', url: `/auth/admin/users/${other.json().id as string}`, headers: { cookie } })
+        assert.equal(plain.statusCode, 200)
+        assert.doesNotMatch(plain.body, /managed by SCIM/)
+      })
+    })
+
     describe('filters, paging and attributes', () => {
       let a: Record<string, any>
       let b: Record<string, any>

@@ -16,6 +16,7 @@ import { UserSessionParams } from '../sessions/sessions.schemas.ts'
 import { authenticateSession, endUserSession, listUserSessions } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { findUserById } from '../users/users.repository.ts'
+import { findProvisioningOf } from '../scim/scim.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
   createWebhook,
@@ -201,16 +202,17 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
 
   const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
     const { user, version } = await getUser(deps, id)
-    const [signIn, events, lastAdmin, mfa, liveSessions] = await Promise.all([
+    const [signIn, events, lastAdmin, mfa, liveSessions, provisioning] = await Promise.all([
       getSignInState(deps, id),
       listEventsPage(app.db, { target_id: id, limit: USER_EVENTS }),
       isLastAdmin(user),
       mfaStatus(sessions, id),
-      listUserSessions(app, request.principal!, id)
+      listUserSessions(app, request.principal!, id),
+      findProvisioningOf(app.db, id)
     ])
     const eventNames = await partyNamesOf(app.db, events.events)
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning, ...extra
     }))
   }
 

@@ -192,6 +192,8 @@ export interface UserView {
   lastAdmin: boolean
   /** The user's live sessions, as GET /api/users/{user_id}/sessions lists them. */
   sessions: SessionSummary[]
+  /** What SCIM provisioning keeps about the user (docs/scim.md); absent or both null when no SCIM client manages them. */
+  provisioning?: { externalId: string | null, provisionedAt: string | null } | undefined
   values?: UserFormValues
   /** The version and values an edit form being shown again was read at (else the stored user's). */
   formVersion?: number
@@ -293,6 +295,9 @@ ${view.created === true
 <dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
 <dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
 <dt>Password</dt><dd>${user.password_changed_at === null ? 'none set: cannot sign in' : html`set ${date(user.password_changed_at)}`}</dd>
+${view.provisioning !== undefined && (view.provisioning.externalId !== null || view.provisioning.provisionedAt !== null)
+  ? html`<dt>Provisioning</dt><dd id="provisioning">managed by SCIM${view.provisioning.externalId !== null ? html`; externalId <code>${view.provisioning.externalId}</code>` : ''}; last provisioning change ${date(view.provisioning.provisionedAt)}. Changes made here are overwritten by the identity provider's next sync.</dd>`
+  : ''}
 <dt>Sign-in lock</dt><dd>${locked ? html`locked for unknown clients until ${date(view.signIn.lockedUntil)}` : 'not locked'}; ${view.signIn.failedLogins} failed sign-in${view.signIn.failedLogins === 1 ? '' : 's'} counted</dd>
 </dl></section>
 ${lastAdminNote}

@@ -14,6 +14,13 @@ export async function findScimUserById (db: Db, id: string): Promise<ScimUserRow
   return await db.selectFrom('users').select(SCIM_USER_COLUMNS).where('id', '=', id).executeTakeFirst()
 }
 
+/** Whether SCIM manages a user, as the console shows it: the provider's id for them and the last change a SCIM client made. */
+export async function findProvisioningOf (db: Db, id: string): Promise<{ externalId: string | null, provisionedAt: string | null } | undefined> {
+  const row = await db.selectFrom('users').select(['external_id', 'provisioned_at']).where('id', '=', id).executeTakeFirst()
+  if (row === undefined) return undefined
+  return { externalId: row.external_id, provisionedAt: row.provisioned_at === null ? null : row.provisioned_at instanceof Date ? row.provisioned_at.toISOString() : row.provisioned_at }
+}
+
 /** The id of the user holding this address as their `email`, if any (addresses are unique ignoring case). */
 export async function findUserIdByEmail (db: Db, email: string): Promise<string | undefined> {
   const row = await db.selectFrom('users').select('id').where('email_key', '=', email.toLowerCase()).executeTakeFirst()
