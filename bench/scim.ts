@@ -137,6 +137,7 @@ async function entraSync (server: Server): Promise<Sync> {
 
 const SEED_COLUMNS = 'id, username, username_key, email, email_key, first_name, last_name, role, groups, disabled, version, created_at, updated_at'
 
+/** Fills the users table to `upTo` rows with seed.user0 … seed.user<n-1>, n being what was missing. */
 function seedSqlite (file: string, upTo: number): void {
   const db = new Database(file)
   db.pragma('busy_timeout = 10000')
@@ -144,7 +145,7 @@ function seedSqlite (file: string, upTo: number): void {
   const insert = db.prepare(`insert into users (${SEED_COLUMNS}) values (?, ?, ?, ?, ?, 'Seed', 'User', 'user', '[]', 0, 1, ?, ?)`)
   const now = new Date().toISOString()
   db.transaction(() => {
-    for (let i = have; i < upTo; i++) {
+    for (let i = 0; i < upTo - have; i++) {
       const name = `seed.user${i}@contoso.example`
       insert.run(randomUUID(), name, name, name, name, now, now)
     }
@@ -160,7 +161,7 @@ async function seedPostgres (url: string, schema: string, upTo: number): Promise
     await client.query(`insert into "${schema}".users (${SEED_COLUMNS})
       select gen_random_uuid(), 'seed.user' || i || '@contoso.example', 'seed.user' || i || '@contoso.example', 'seed.user' || i || '@contoso.example',
              'seed.user' || i || '@contoso.example', 'Seed', 'User', 'user', '[]'::jsonb, false, 1, now(), now()
-      from generate_series($1::int, $2::int - 1) as i`, [rows[0].n, upTo])
+      from generate_series(0, $1::int - 1) as i`, [upTo - Number(rows[0].n)])
     await client.query(`analyze "${schema}".users`)
   } finally {
     await client.end()
