@@ -34,6 +34,8 @@ import { referencedSchemas } from './lib/schema-refs.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { User, UserCreate, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
+import { GROUP_SCHEMAS } from './groups/groups.schemas.ts'
+import groupsRoutes from './groups/groups.routes.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import { Event } from './events/events.schemas.ts'
@@ -103,7 +105,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...GROUP_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at
@@ -371,6 +373,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(authPlugin)
     await api.register(systemRoutes, { redis })
     await api.register(usersRoutes)
+    await api.register(groupsRoutes)
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
     await api.register(webhooksRoutes, { sender: webhooks.sender })
@@ -422,6 +425,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
         { name: 'sessions', description: 'Sign-in for web-UI users, self-service, and the reverse-proxy check.' },
         { name: 'mfa', description: 'Second factors (TOTP, passkeys, recovery codes) and the second step of sign-in.' },
         { name: 'sso', description: 'Single sign-on: OpenID Connect providers and the identities linked to users.' },
+        { name: 'groups', description: 'Groups of users: each member\'s `groups` holds the group\'s name.' },
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
         { name: 'webhooks', description: 'Endpoints that receive events, signed per Standard Webhooks; their deliveries and attempts.' },

@@ -12,7 +12,7 @@ export const Group = Type.Object({
   id: Uuid({ description: 'Server-assigned, immutable; the `group_id` of the other operations.' }),
   display_name: GroupName,
   external_id: Nullable(ExternalId),
-  member_count: Type.Integer({ format: 'int32', minimum: 0, description: 'Users in the group.' }),
+  member_count: Type.Integer({ format: 'int32', minimum: 0, maximum: 2_147_483_647, description: 'Users in the group.' }),
   created_at: Timestamp(),
   updated_at: Timestamp({ description: 'Its last rename or change of members.' })
 }, { $id: 'Group', additionalProperties: false, description: 'A group of users. Its name is in each member\'s `groups`; renaming or deleting it changes every member.' })
@@ -42,6 +42,13 @@ export const GroupMembersChange = Type.Object({
   user_ids: MemberIds
 }, { $id: 'GroupMembersChange', additionalProperties: false, description: 'Users to add to the group.' })
 export type GroupMembersChange = Static<typeof GroupMembersChange>
+
+export const GroupMembersReplace = Type.Object({
+  user_ids: Type.Array(Uuid({ description: 'A user\'s `id`.' }), { maxItems: MEMBERS_MAX_PER_REQUEST, uniqueItems: true })
+}, { $id: 'GroupMembersReplace', additionalProperties: false, description: 'The group\'s members, all of them: users not listed leave it (`[]` empties it).' })
+export type GroupMembersReplace = Static<typeof GroupMembersReplace>
+
+export const GROUP_SCHEMAS = [Group, GroupCreate, GroupPatch, GroupMembersChange, GroupMembersReplace]
 
 export const ListGroupsQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ format: 'int32', minimum: 1, maximum: 1000, default: 100, description: 'Page size; the next page is in the `Link: rel="next"` header.' })),
