@@ -347,6 +347,25 @@ for (const dialect of dialects()) {
         assert.equal(deleted.statusCode, 412)
       })
 
+      it('may disable an admin, but not change an admin\'s userName, emails or password (403)', async () => {
+        const admin = (await api('POST', '/auth/api/users', { username: uniqueName('adm'), email: `${uniqueName('adm')}@corp.example`, password: GOOD_PASSWORD, role: 'admin' })).json()
+        for (const operation of [
+          { op: 'replace', path: 'userName', value: uniqueName('taken') },
+          { op: 'replace', path: 'emails', value: [{ value: 'attacker@evil.example', primary: true }] },
+          { op: 'replace', path: 'password', value: `${GOOD_PASSWORD} mine` }
+        ]) {
+          const res = await scim('PATCH', `/Users/${admin.id as string}`, patch(operation))
+          assert.equal(res.statusCode, 403, `${operation.path}: ${res.body}`)
+        }
+        const unchanged = (await api('GET', `/auth/api/users/${admin.id as string}`)).json()
+        assert.deepEqual([unchanged.username, unchanged.email, unchanged.updated_at], [admin.username, admin.email, admin.updated_at])
+        const named = await scim('PATCH', `/Users/${admin.id as string}`, patch({ op: 'replace', path: 'displayName', value: 'Boss' }))
+        assert.equal(named.statusCode, 200, named.body)
+        const off = await scim('PATCH', `/Users/${admin.id as string}`, patch({ op: 'replace', path: 'active', value: false }))
+        assert.equal(off.statusCode, 200, off.body)
+        assert.equal((await api('GET', `/auth/api/users/${admin.id as string}`)).json().disabled, true)
+      })
+
       it('records a change that changes nothing as nothing: no new version, no event', async () => {
         const user = await createUser()
         const res = await scim('PATCH', `/Users/${user.id as string}`, patch({ op: 'replace', path: 'active', value: true }))

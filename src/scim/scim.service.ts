@@ -335,6 +335,18 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
     ...(fields.disabled !== undefined ? { disabled: fields.disabled } : {}),
     ...(passwordHash !== undefined ? { password_hash: passwordHash } : {})
   }
+  // A provisioning key must not be a way into an admin account: it may disable or delete one
+  // (a leaver), but their sign-in names and password are changed in gatehouse only.
+  if (current.role === 'admin') {
+    const touches = [
+      changes.username !== undefined && changes.username !== current.username ? 'userName' : undefined,
+      changes.email !== undefined && changes.email !== current.email ? 'emails' : undefined,
+      passwordHash !== undefined ? 'password' : undefined
+    ].filter(field => field !== undefined)
+    if (touches.length > 0) {
+      throw new AppError('forbidden', 403, `${current.username} is an admin: their ${touches.join(', ')} can be changed in gatehouse, not through SCIM (SCIM may disable or delete them).`)
+    }
+  }
   await changeUserRecorded(trx, scim.ctx, current.id, changes, {
     lastAdmin: 'refuse',
     provisioning: true,
