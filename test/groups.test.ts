@@ -292,6 +292,23 @@ for (const dialect of dialects()) {
       assert.deepEqual([removed!.data.user_ids, removed!.data.reason], [[user.id], 'user_deleted'])
     })
 
+    it('gives an import\'s users their memberships, with one group.members_added per group listing them all', async () => {
+      const name = uniqueName('imported')
+      const existing = await createGroup({ display_name: uniqueName('existing') })
+      const res = await call('POST', '/api/users/import', { users: [
+        { username: uniqueName('imp'), groups: [name, existing.display_name] },
+        { username: uniqueName('imp'), groups: [name] },
+        { username: uniqueName('imp') }
+      ] })
+      assert.equal(res.statusCode, 200, res.body)
+      const ids = (res.json().results as Array<{ id: string }>).map(r => r.id)
+      const made = (await groupNamed(name))!
+      assert.deepEqual(await memberIds(made.id), [ids[0]!, ids[1]!].sort())
+      assert.deepEqual(await memberIds(existing.id), [ids[0]!])
+      assert.deepEqual((await events(`type=group.members_added&target_id=${made.id}`)).map(e => [...e.data.user_ids].sort()), [[ids[0]!, ids[1]!].sort()])
+      assert.equal((await events(`type=group.created&target_id=${made.id}`)).length, 1)
+    })
+
     it('makes POST /api/groups retry-safe with Idempotency-Key: a retry gets the first answer and makes no second group', async () => {
       const key = randomUUID()
       const payload = { display_name: uniqueName('retry') }
