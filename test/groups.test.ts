@@ -292,6 +292,23 @@ for (const dialect of dialects()) {
       assert.deepEqual([removed!.data.user_ids, removed!.data.reason], [[user.id], 'user_deleted'])
     })
 
+    it('gives an import\'s users their memberships, with one group.members_added per group listing them all', async () => {
+      const name = uniqueName('imported')
+      const existing = await createGroup({ display_name: uniqueName('existing') })
+      const res = await call('POST', '/api/users/import', { users: [
+        { username: uniqueName('imp'), groups: [name, existing.display_name] },
+        { username: uniqueName('imp'), groups: [name] },
+        { username: uniqueName('imp') }
+      ] })
+      assert.equal(res.statusCode, 200, res.body)
+      const ids = (res.json().results as Array<{ id: string }>).map(r => r.id)
+      const made = (await groupNamed(name))!
+      assert.deepEqual(await memberIds(made.id), [ids[0]!, ids[1]!].sort())
+      assert.deepEqual(await memberIds(existing.id), [ids[0]!])
+      assert.deepEqual((await events(`type=group.members_added&target_id=${made.id}`)).map(e => [...e.data.user_ids].sort()), [[ids[0]!, ids[1]!].sort()])
+      assert.equal((await events(`type=group.created&target_id=${made.id}`)).length, 1)
+    })
+
     it('makes POST /api/groups retry-safe with Idempotency-Key: a retry gets the first answer and makes no second group', async () => {
       const key = randomUUID()
       const payload = { display_name: uniqueName('retry') }
@@ -377,6 +394,45 @@ for (const dialect of dialects()) {
       assert.equal(ghost.statusCode, 404, ghost.body)
       assert.equal(ghost.json().code, 'user_not_found')
       assert.equal(await groupNamed(name), undefined, 'the group was not created')
+    })
+
+    it('keeps groups and arrays in agreement under concurrent changes of members, arrays and names, answering only 2xx or a 409 to retry', { timeout: 120_000 }, async () => {
+      const stem = uniqueName('race')
+      const names = ['a', 'b', 'c'].map(n => `${stem}-${n}`)
+      const groups: Group[] = []
+      for (const name of names) groups.push(await createGroup({ display_name: name }))
+      const users: User[] = []
+      for (let i = 0; i < 6; i++) users.push(await createUser(names.filter((_, j) => (i + j) % 2 === 0)))
+      const ops: Array<() => Promise<{ statusCode: number, body: string }>> = []
+      for (let round = 0; round < 8; round++) {
+        for (const [i, user] of users.entries()) {
+          const group = groups[(i + round) % groups.length]!
+          // Arrays name the groups by their first names, so renamed-away names come back as new groups.
+          ops.push(async () => await call('PATCH', `/api/users/${user.id}`, { groups: names.filter((_, j) => (i + j + round) % 3 !== 0) }))
+          ops.push(async () => await call('POST', `/api/groups/${group.id}/members`, { user_ids: [user.id, users[(i + 1) % users.length]!.id] }))
+          ops.push(async () => await call('DELETE', `/api/groups/${group.id}/members/${users[(i + 3) % users.length]!.id}`))
+        }
+        ops.push(async () => await call('PATCH', `/api/groups/${groups[round % groups.length]!.id}`, { display_name: `${names[round % names.length]!}-${round}` }))
+      }
+      const answers: string[] = []
+      let next = 0
+      await Promise.all(Array.from({ length: 6 }, async () => {
+        while (next < ops.length) {
+          const res = await ops[next++]!()
+          answers.push(res.statusCode < 300 ? '2xx' : `${res.statusCode} ${JSON.parse(res.body).code as string}`)
+        }
+      }))
+      assert.deepEqual([...new Set(answers)].filter(a => a !== '2xx' && a !== '409 conflict'), [], 'nothing but success or a conflict to retry')
+      const listed = await call('GET', `/api/groups?q=${stem}&limit=1000`)
+      for (const group of listed.json() as Group[]) {
+        const members = await memberIds(group.id)
+        assert.deepEqual(members, await holdersOf(group.display_name, users), `the members of ${group.display_name} are the users whose arrays hold it`)
+        assert.equal(group.member_count, members.length)
+      }
+      const everyName = new Set((listed.json() as Group[]).map(g => g.display_name))
+      for (const user of users) {
+        for (const name of (await getUser(user.id)).groups) assert.ok(everyName.has(name), `${name} in a user's groups is a group`)
+      }
     })
 
     it('backfills groups and memberships from the users\' arrays when migration 0012 runs', async () => {

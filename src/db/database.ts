@@ -500,6 +500,29 @@ function withIntegerBooleans (statement: SQLite.Statement): SqliteStatement {
   }
 }
 
+/** PostgreSQL's deadlock_detected and serialization_failure: the transaction was chosen to be rolled back, and may simply be run again. */
+const RETRYABLE = new Set(['40P01', '40001'])
+
+/**
+ * Runs `work` in a transaction, and runs it again (at most `attempts` times in
+ * all) when PostgreSQL rolled it back to break a deadlock. Changes of a group
+ * and of its members' arrays lock users and groups in one order (users
+ * first), but a member who joins between a rename's read of the members and
+ * its lock on the group is locked out of that order; such a rare deadlock is
+ * retried here rather than answered with 409 `conflict`. `work` must do
+ * nothing outside the transaction that cannot be done twice.
+ */
+export async function transactionRetried<T> (db: Db, work: (trx: Db) => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await db.transaction().execute(work)
+    } catch (error) {
+      const code = (error as { code?: unknown } | null)?.code
+      if (attempt >= attempts || typeof code !== 'string' || !RETRYABLE.has(code)) throw error
+    }
+  }
+}
+
 /** Cheap round trip used by /readyz. */
 export async function pingDb (db: Db): Promise<void> {
   await sql`select 1`.execute(db)

@@ -3,7 +3,7 @@ import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
-import { findUserById, type UserRow } from '../users/users.repository.ts'
+import { findUserById, lockUserRows, type UserRow } from '../users/users.repository.ts'
 import { MAX_GROUPS } from '../users/users.schemas.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import {
@@ -69,8 +69,18 @@ function groupExists (name: string): AppError {
   return new AppError('group_exists', 409, `A group named ${JSON.stringify(name)} already exists.`)
 }
 
-async function lockedGroup (trx: Db, id: string, options: { check?: (current: GroupRow) => void, expectedVersion?: number | undefined }): Promise<GroupRow> {
-  const current = await findGroupById(trx, id, { forUpdate: true })
+/**
+ * Locks the users a change will rewrite, then the group (PostgreSQL). Users
+ * first, in id order, as the user lifecycle locks a user before the groups
+ * it joins: a change of a group and a change of one of its members' arrays
+ * then queue rather than deadlock. `members`: also every current member (a
+ * rename, a delete, a replacement of the members). `rename`: the lock a
+ * change of the group's name or a delete needs; otherwise one that lets
+ * users join and leave other groups meanwhile.
+ */
+async function lockedGroup (trx: Db, id: string, options: { check?: (current: GroupRow) => void, expectedVersion?: number | undefined }, lock: { users?: readonly string[], members?: boolean, rename?: boolean }): Promise<GroupRow> {
+  await lockUserRows(trx, [...lock.users ?? [], ...lock.members === true ? await listGroupMemberIds(trx, id) : []])
+  const current = await findGroupById(trx, id, { lock: lock.rename === true ? 'update' : 'no_key_update' })
   if (current === undefined) throw groupNotFound(id)
   if (options.expectedVersion !== undefined && options.expectedVersion !== current.version) {
     throw new AppError('precondition_failed', 412, 'The group changed since you read it; read it again and retry.')
@@ -130,6 +140,8 @@ async function removeMembers (trx: Db, ctx: RequestContext, group: GroupRow, use
 /** Creates a group with its `group.created` event, and makes `member_ids` its members (each their `user.updated`). */
 export async function createGroupRecorded (trx: Db, ctx: RequestContext, input: NewGroup, options: Pick<GroupOptions, 'checkMember'> = {}): Promise<GroupOutcome> {
   if (await findGroupByName(trx, input.display_name) !== undefined) throw groupExists(input.display_name)
+  // The first members are locked first, in id order, as every change of a group does.
+  await lockUserRows(trx, input.member_ids ?? [])
   const now = nowIso()
   let row = await insertGroup(trx, { id: newId(), display_name: input.display_name, external_id: input.external_id ?? null, version: 1, created_at: now, updated_at: now })
   const memberIds = [...new Set(input.member_ids ?? [])]
@@ -145,7 +157,7 @@ export async function createGroupRecorded (trx: Db, ctx: RequestContext, input: 
  * into every member's `groups` (each their `user.updated`).
  */
 export async function changeGroupRecorded (trx: Db, ctx: RequestContext, id: string, changes: GroupChanges, options: GroupOptions & { expectedVersion?: number | undefined } = {}): Promise<GroupOutcome> {
-  const current = await lockedGroup(trx, id, options)
+  const current = await lockedGroup(trx, id, options, { members: changes.display_name !== undefined, rename: changes.display_name !== undefined })
   const update: GroupRowUpdate = {}
   const diff: Record<string, { from: unknown, to: unknown }> = {}
   if (changes.display_name !== undefined && changes.display_name !== current.display_name) {
@@ -174,7 +186,7 @@ export async function changeGroupRecorded (trx: Db, ctx: RequestContext, id: str
 
 /** Makes these users members (each their `user.updated`), with one `group.members_added` event for those not already in. */
 export async function addGroupMembersRecorded (trx: Db, ctx: RequestContext, id: string, userIds: readonly string[], options: GroupOptions = {}): Promise<GroupOutcome> {
-  let group = await lockedGroup(trx, id, options)
+  let group = await lockedGroup(trx, id, options, { users: userIds })
   const added = await addMembers(trx, ctx, group, userIds, options.checkMember)
   if (added.length > 0) {
     group = await touched(trx, group)
@@ -185,7 +197,7 @@ export async function addGroupMembersRecorded (trx: Db, ctx: RequestContext, id:
 
 /** Takes these users out of the group (each their `user.updated`), with one `group.members_removed` event; non-members are passed over. */
 export async function removeGroupMembersRecorded (trx: Db, ctx: RequestContext, id: string, userIds: readonly string[], options: GroupOptions = {}): Promise<GroupOutcome> {
-  let group = await lockedGroup(trx, id, options)
+  let group = await lockedGroup(trx, id, options, { users: userIds })
   const removed = await removeMembers(trx, ctx, group, userIds, options.checkMember)
   if (removed.length > 0) {
     group = await touched(trx, group)
@@ -196,7 +208,7 @@ export async function removeGroupMembersRecorded (trx: Db, ctx: RequestContext, 
 
 /** Makes the members exactly these users: a `group.members_removed` for those taken out and a `group.members_added` for those put in. */
 export async function replaceGroupMembersRecorded (trx: Db, ctx: RequestContext, id: string, userIds: readonly string[], options: GroupOptions = {}): Promise<GroupOutcome> {
-  let group = await lockedGroup(trx, id, options)
+  let group = await lockedGroup(trx, id, options, { users: userIds, members: true })
   const wanted = new Set(userIds)
   const current = await listGroupMemberIds(trx, id)
   const removed = await removeMembers(trx, ctx, group, current.filter(userId => !wanted.has(userId)), options.checkMember)
@@ -209,7 +221,7 @@ export async function replaceGroupMembersRecorded (trx: Db, ctx: RequestContext,
 
 /** Deletes a group with a `group.deleted` event; its name leaves every member's `groups` (each their `user.updated`). */
 export async function deleteGroupRecorded (trx: Db, ctx: RequestContext, id: string, options: GroupOptions & { expectedVersion?: number | undefined } = {}): Promise<void> {
-  const current = await lockedGroup(trx, id, options)
+  const current = await lockedGroup(trx, id, options, { members: true, rename: true })
   const memberIds = await listGroupMemberIds(trx, id)
   // The row goes first (its memberships with it), so the members' new arrays cannot find it.
   await deleteGroup(trx, id)

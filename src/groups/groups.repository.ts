@@ -29,9 +29,16 @@ export function toGroup (row: GroupRow | NewGroupRow, memberCount: number): Grou
   }
 }
 
-export async function findGroupById (db: Db, id: string, options: { forUpdate?: boolean } = {}): Promise<GroupRow | undefined> {
+/**
+ * `lock` on PostgreSQL: `update` for a rename or a delete (which change the
+ * row's key, the unique name); `no_key_update` for a change of members, which
+ * lets the users' own changes (their memberships' foreign keys take `key
+ * share`) go on meanwhile.
+ */
+export async function findGroupById (db: Db, id: string, options: { lock?: 'update' | 'no_key_update' } = {}): Promise<GroupRow | undefined> {
   return await db.selectFrom('groups').selectAll().where('id', '=', id)
-    .$if(options.forUpdate === true && isPostgres(db), q => q.forUpdate())
+    .$if(options.lock === 'update' && isPostgres(db), q => q.forUpdate())
+    .$if(options.lock === 'no_key_update' && isPostgres(db), q => q.forNoKeyUpdate())
     .executeTakeFirst()
 }
 
@@ -40,10 +47,22 @@ export async function findGroupByName (db: Db, displayName: string): Promise<Gro
   return await db.selectFrom('groups').selectAll().where('display_name', '=', displayName).executeTakeFirst()
 }
 
-export async function findGroupsByNames (db: Db, names: readonly string[]): Promise<GroupRow[]> {
+/**
+ * The groups of these names. `lock` (PostgreSQL), taken in id order: a group
+ * being renamed or deleted is waited for, and then found only if it still has
+ * the name, so a user's array never names a group that has just been renamed
+ * away. `no_key_update` when the caller will also write the rows (a new
+ * version for a change of members): taken at once rather than raised from
+ * `key_share` later, which can deadlock against a rename waiting in between.
+ */
+export async function findGroupsByNames (db: Db, names: readonly string[], options: { lock?: 'key_share' | 'no_key_update' } = {}): Promise<GroupRow[]> {
   const rows: GroupRow[] = []
-  for (let i = 0; i < names.length; i += CHUNK) {
-    rows.push(...await db.selectFrom('groups').selectAll().where('display_name', 'in', names.slice(i, i + CHUNK)).execute())
+  const sorted = [...new Set(names)].sort()
+  for (let i = 0; i < sorted.length; i += CHUNK) {
+    rows.push(...await db.selectFrom('groups').selectAll().where('display_name', 'in', sorted.slice(i, i + CHUNK))
+      .$if(options.lock === 'key_share' && isPostgres(db), q => q.orderBy('id').forKeyShare())
+      .$if(options.lock === 'no_key_update' && isPostgres(db), q => q.orderBy('id').forNoKeyUpdate())
+      .execute())
   }
   return rows
 }

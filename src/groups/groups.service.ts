@@ -1,4 +1,4 @@
-import type { Db } from '../db/database.ts'
+import { transactionRetried, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
@@ -90,41 +90,41 @@ export async function listMembersPage (deps: GroupsDeps, id: string, limit: numb
 
 export async function createGroup (deps: GroupsDeps, principal: Principal, ctx: RequestContext, input: GroupCreate): Promise<VersionedGroup> {
   const checkMember = memberRule(principal)
-  return await deps.db.transaction().execute(async trx => {
+  return await transactionRetried(deps.db, async trx => {
     const { group, version } = await createGroupRecorded(trx, ctx, input, { checkMember })
     return { group, version }
   })
 }
 
 export async function updateGroupById (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, patch: GroupPatch, ifMatch: string | undefined): Promise<VersionedGroup> {
-  return await deps.db.transaction().execute(async trx => {
+  return await transactionRetried(deps.db, async trx => {
     const { group, version } = await changeGroupRecorded(trx, ctx, id, patch, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
     return { group, version }
   })
 }
 
 export async function deleteGroupById (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
-  await deps.db.transaction().execute(async trx => {
+  await transactionRetried(deps.db, async trx => {
     await deleteGroupRecorded(trx, ctx, id, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
   })
 }
 
 export async function addMembers (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
-  return await deps.db.transaction().execute(async trx => {
+  return await transactionRetried(deps.db, async trx => {
     const { group, version } = await addGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
     return { group, version }
   })
 }
 
 export async function replaceMembers (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
-  return await deps.db.transaction().execute(async trx => {
+  return await transactionRetried(deps.db, async trx => {
     const { group, version } = await replaceGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
     return { group, version }
   })
 }
 
 export async function removeMember (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userId: string, ifMatch: string | undefined): Promise<VersionedGroup> {
-  return await deps.db.transaction().execute(async trx => {
+  return await transactionRetried(deps.db, async trx => {
     const { group, version } = await removeGroupMembersRecorded(trx, ctx, id, [userId], { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
     return { group, version }
   })

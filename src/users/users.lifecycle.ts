@@ -136,11 +136,11 @@ function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<s
  * event) those that have none. A name another transaction makes first is
  * used as made there.
  */
-async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[]): Promise<Map<string, string>> {
+async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[], lock: 'key_share' | 'no_key_update'): Promise<Map<string, string>> {
   const unique = [...new Set(names)]
   const ids = new Map<string, string>()
   if (unique.length === 0) return ids
-  for (const group of await findGroupsByNames(trx, unique)) ids.set(group.display_name, group.id)
+  for (const group of await findGroupsByNames(trx, unique, { lock })) ids.set(group.display_name, group.id)
   const missing = unique.filter(name => !ids.has(name))
   if (missing.length === 0) return ids
   const now = nowIso()
@@ -150,7 +150,7 @@ async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[
     await recordEvent(trx, ctx, 'group.created', { type: 'group', id: group.id }, { display_name: group.display_name, external_id: null, member_ids: [], source: 'user_groups' })
   }
   const raced = missing.filter(name => !ids.has(name))
-  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced)) ids.set(group.display_name, group.id)
+  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced, { lock })) ids.set(group.display_name, group.id)
   return ids
 }
 
@@ -170,7 +170,10 @@ async function recordMembershipChanges (trx: Db, ctx: RequestContext, type: 'gro
  * of members itself, once for all the users it changes.
  */
 async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, names: readonly string[], record: boolean): Promise<void> {
-  const wanted = new Set((await groupIdsOf(trx, ctx, names)).values())
+  // Recording, the groups get a new version: locked for that at once. The
+  // group lifecycle holds the one group whose members it changes, and must
+  // not wait on the member's other groups, which it leaves as they are.
+  const wanted = new Set((await groupIdsOf(trx, ctx, names, record ? 'no_key_update' : 'key_share')).values())
   const held = new Set(await listGroupIdsOfUser(trx, userId))
   const added = [...wanted].filter(id => !held.has(id))
   const removed = [...held].filter(id => !wanted.has(id))
@@ -208,7 +211,7 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
   })))
   // Their memberships: one `group.members_added` per group, listing every new member.
   const namesOf = new Map(rows.map(({ row }) => [row.id, toStringArray(row.groups)]))
-  const ids = await groupIdsOf(trx, ctx, [...namesOf.values()].flat())
+  const ids = await groupIdsOf(trx, ctx, [...namesOf.values()].flat(), 'no_key_update')
   const byGroup = new Map<string, string[]>()
   for (const [userId, names] of namesOf) {
     for (const name of new Set(names)) {

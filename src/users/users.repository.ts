@@ -108,6 +108,20 @@ export async function deleteUser (db: Db, id: string): Promise<boolean> {
 }
 
 /**
+ * Locks these users' rows on PostgreSQL, in id order, so that two
+ * transactions that each lock several users never wait on each other in a
+ * cycle (the group lifecycle locks the members it changes before their
+ * group). SQLite runs one write transaction at a time.
+ */
+export async function lockUserRows (db: Db, ids: readonly string[]): Promise<void> {
+  if (!isPostgres(db)) return
+  const sorted = [...new Set(ids)].sort()
+  for (let i = 0; i < sorted.length; i += INSERT_CHUNK) {
+    await db.selectFrom('users').select('id').where('id', 'in', sorted.slice(i, i + INSERT_CHUNK)).orderBy('id').forUpdate().execute()
+  }
+}
+
+/**
  * Ids of the enabled admins, locked on PostgreSQL (in id order, so lockers
  * never wait on each other in a cycle) so that two requests that each remove a
  * different admin cannot both see the other as the remaining one.
