@@ -34,6 +34,8 @@ import { referencedSchemas } from './lib/schema-refs.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { Invitation, User, UserCreate, UserCreated, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
+import { GROUP_SCHEMAS } from './groups/groups.schemas.ts'
+import groupsRoutes from './groups/groups.routes.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import { Event } from './events/events.schemas.ts'
@@ -72,6 +74,7 @@ import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
+import scimRoutes, { canonicalScimUrl } from './scim/scim.routes.ts'
 
 export interface BuildOptions {
   config: Config
@@ -112,7 +115,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS]
 
 /**
  * Query parameters that carry a one-time secret: an OIDC provider's answer at
@@ -189,6 +192,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       return typeof given === 'string' && REQUEST_ID.test(given) ? given : randomUUID()
     },
     return503OnClosing: true,
+    // SCIM endpoint names in any case (scim/scim.routes.ts); every other URL as it came.
+    rewriteUrl: (req) => canonicalScimUrl(req.url ?? '/', config.basePath),
     // One line per request (written in onResponse below) instead of Fastify's two.
     logController: new LogController({ disableRequestLogging: true }),
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }
@@ -399,9 +404,11 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(authPlugin)
     await api.register(systemRoutes, { redis })
     await api.register(usersRoutes)
+    await api.register(groupsRoutes)
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
     await api.register(webhooksRoutes, { sender: webhooks.sender })
+    await api.register(scimRoutes, { prefix: '/scim/v2' })
     const dummyHash = await dummyHashing
     await api.register(sessionsRoutes, { db, passwords, failures, config, dummyHash, deviceKey })
     await api.register(loginPage, { db, passwords, failures, config, dummyHash, deviceKey })
@@ -451,6 +458,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
         { name: 'sessions', description: 'Sign-in for web-UI users, self-service, and the reverse-proxy check.' },
         { name: 'mfa', description: 'Second factors (TOTP, passkeys, recovery codes) and the second step of sign-in.' },
         { name: 'sso', description: 'Single sign-on: OpenID Connect providers and the identities linked to users.' },
+        { name: 'groups', description: 'Groups of users: each member\'s `groups` holds the group\'s name.' },
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
         { name: 'webhooks', description: 'Endpoints that receive events, signed per Standard Webhooks; their deliveries and attempts.' },

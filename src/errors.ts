@@ -27,6 +27,9 @@ export type ErrorCode =
   | 'username_taken'
   | 'email_taken'
   | 'last_admin'
+  | 'group_not_found'
+  | 'group_exists'
+  | 'too_many_groups'
   | 'precondition_failed'
   | 'invalid_cursor'
   | 'password_too_short'
@@ -40,6 +43,9 @@ export type ErrorCode =
   | 'csrf_rejected'
   | 'conflict'
   | 'idempotency_key_reused'
+  | 'invalid_filter'
+  | 'invalid_value'
+  | 'invalid_path'
   | 'idempotency_key_in_progress'
   | 'rate_limited'
   | 'mfa_failed'
@@ -225,7 +231,8 @@ export function toAppError (error: unknown): AppError {
 /** Where the database says no. Kept in one place so services never parse driver errors. */
 const UNIQUE_TARGETS: Array<[RegExp, ErrorCode, string]> = [
   [/username_key/, 'username_taken', 'A user with that username already exists (usernames are unique ignoring case).'],
-  [/email_key/, 'email_taken', 'A user with that email address already exists (addresses are unique ignoring case).']
+  [/email_key/, 'email_taken', 'A user with that email address already exists (addresses are unique ignoring case).'],
+  [/groups_display_name|groups\.display_name/, 'group_exists', 'A group with that name already exists.']
 ]
 
 const PG_UNAVAILABLE = /^(08|57P0|53300)/

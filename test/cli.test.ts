@@ -264,6 +264,45 @@ for (const dialect of dialects()) {
       assert.equal(again.stderr, `gatehouse: no user has the id or username "${username}"\n`)
     })
 
+    it('groups create / list / get / add / members / remove / rename / delete, each change seen in the members\' groups', async () => {
+      const name = uniqueName('crew')
+      const [ada, bob] = [uniqueName('ada'), uniqueName('bob')]
+      for (const username of [ada, bob]) assert.equal((await cli(['users', 'create', username])).code, 0)
+      const created = await cli(['groups', 'create', name, '--external-id', 'okta-1', '--member', ada, '--json'])
+      assert.equal(created.code, 0, created.stderr)
+      const group = JSON.parse(created.stdout)
+      assert.deepEqual([group.display_name, group.external_id, group.member_count], [name, 'okta-1', 1])
+      assert.deepEqual((await userNamed(ada)).groups, [name])
+
+      const added = await cli(['groups', 'add', name, bob])
+      assert.equal(added.code, 0, added.stderr)
+      assert.equal(added.stdout, `Group ${name} (${group.id}) has 2 members\n`)
+      const table = await cli(['groups', 'list', '--search', name])
+      assert.equal(table.code, 0, table.stderr)
+      assert.match(table.stdout, new RegExp(`│ ${group.id} │ ${name} │ 2 +│ okta-1 `))
+      const members = await cli(['groups', 'members', group.id, '--json'])
+      assert.deepEqual(JSON.parse(members.stdout).map((u: { username: string }) => u.username), [ada, bob].sort())
+      const byName = await cli(['groups', 'get', name])
+      assert.match(byName.stdout, /^member_count +2$/m)
+
+      assert.equal((await cli(['groups', 'remove', name, ada])).code, 0)
+      assert.deepEqual((await userNamed(ada)).groups, [])
+      const renamed = await cli(['groups', 'rename', name, `${name}-x`, '--json'])
+      assert.equal(renamed.code, 0, renamed.stderr)
+      assert.equal(JSON.parse(renamed.stdout).display_name, `${name}-x`)
+      assert.deepEqual((await userNamed(bob)).groups, [`${name}-x`])
+      const taken = await cli(['groups', 'create', `${name}-x`])
+      assert.equal(taken.code, 1)
+      assert.equal(taken.stderr, `gatehouse: A group named "${name}-x" already exists.\n`)
+
+      const deleted = await cli(['groups', 'delete', `${name}-x`])
+      assert.equal(deleted.code, 0, deleted.stderr)
+      assert.deepEqual((await userNamed(bob)).groups, [])
+      const missing = await cli(['groups', 'delete', `${name}-x`])
+      assert.equal(missing.code, 1)
+      assert.equal(missing.stderr, `gatehouse: no group has the id or name "${name}-x"\n`)
+    })
+
     it('admin create works on the configured database directly, and its key and user work in the service', async () => {
       const local: Record<string, string> = {}
       let schema: string | undefined

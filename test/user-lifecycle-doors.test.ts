@@ -113,6 +113,8 @@ interface ChangeDoor {
 interface RemoveDoor {
   name: string
   actor: ActorType
+  /** What the door adds to its `user.updated` data (SCIM's `source`). */
+  extraData?: Record<string, unknown>
   disable: (user: User) => Promise<void>
   delete: (user: User) => Promise<void>
 }
@@ -328,6 +330,22 @@ for (const dialect of dialects()) {
       const username = uniqueName(stem)
       return { username, email: `${username}@example.org`, first_name: 'Ada', last_name: 'Lovelace' }
     }
+    /** SCIM requests with a key of the `scim` scope, made on first use. */
+    let scimKey: string | undefined
+    const scim = async (method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE', path: string, payload?: object): Promise<LightMyRequestResponse> => {
+      if (scimKey === undefined) {
+        const made = await api('POST', '/auth/api/api-keys', { name: 'scim door', scopes: ['scim'] })
+        assert.equal(made.statusCode, 201, made.body)
+        scimKey = made.json().key as string
+      }
+      return await t.app.inject({
+        method,
+        url: `/auth/scim/v2${path}`,
+        headers: { authorization: `Bearer ${scimKey}`, 'content-type': 'application/scim+json' },
+        ...(payload !== undefined ? { payload: JSON.stringify(payload) } : {})
+      })
+    }
+    const scimDeactivate = { schemas: ['urn:ietf:params:scim:api:messages:2.0:PatchOp'], Operations: [{ op: 'Replace', path: 'active', value: 'False' }] }
     const asCreated = (input: NewUser): Created['expected'] => ({ ...input, role: 'user', groups: [GROUP], disabled: false, password_sign_in: true })
     const viaApi = (url: string) => async (input: NewUser): Promise<Created> => {
       const res = await api('POST', url, { ...input, groups: [GROUP] })
@@ -415,6 +433,25 @@ for (const dialect of dialects()) {
           const token = await oidcSignIn(subject)
           const me = await meWith({ authorization: `Bearer ${token}` })
           return { id: me.json().id, expected: asCreated(input), password: false }
+        }
+      },
+      {
+        name: 'SCIM (POST /auth/scim/v2/Users)',
+        actor: 'api_key',
+        // SCIM keeps the provider's id and emails list with the user, and says it was the door.
+        extraKeys: ['source', 'external_id', 'scim_emails'],
+        create: async (input) => {
+          const res = await scim('POST', '/Users', {
+            schemas: ['urn:ietf:params:scim:schemas:core:2.0:User'],
+            userName: input.username,
+            externalId: `okta-${input.username}`,
+            name: { givenName: input.first_name, familyName: input.last_name },
+            emails: [{ value: input.email, type: 'work', primary: true }],
+            active: true
+          })
+          assert.equal(res.statusCode, 201, res.body)
+          // A user's groups come from /Groups in SCIM, not with the user: it is created in none.
+          return { id: res.json().id, expected: { ...asCreated(input), groups: [] }, password: false }
         }
       },
       ...(directory !== undefined
@@ -601,6 +638,16 @@ for (const dialect of dialects()) {
         actor: 'api_key',
         disable: async (user) => { await cliOk(['users', 'update', user.id, '--disable']) },
         delete: async (user) => { await cliOk(['users', 'delete', user.id]) }
+      },
+      {
+        name: 'SCIM (PATCH active "False", DELETE /auth/scim/v2/Users/{id})',
+        actor: 'api_key',
+        extraData: { source: 'scim' },
+        disable: async (user) => {
+          const res = await scim('PATCH', `/Users/${user.id}`, scimDeactivate)
+          assert.equal(res.statusCode, 200, res.body)
+        },
+        delete: async (user) => { assert.equal((await scim('DELETE', `/Users/${user.id}`)).statusCode, 204) }
       }
     ]
 
@@ -643,7 +690,7 @@ for (const dialect of dialects()) {
         const updated = await eventsOfUser('user.updated', user.id)
         assert.equal(updated.length, 1)
         assert.equal(updated[0]!.actor.type, door.actor)
-        assert.deepEqual(updated[0]!.data, { changes: { disabled: { from: false, to: true } } })
+        assert.deepEqual(updated[0]!.data, { changes: { disabled: { from: false, to: true } }, ...door.extraData })
         assert.deepEqual(await deliveryOf(updated[0]!), updated[0])
         await assertCredentialsEnded(user, keyId, 'user_disabled', door.actor)
       })
@@ -682,6 +729,10 @@ for (const dialect of dialects()) {
       assert.match(String(res.headers['content-type']), /^text\/html/)
       assert.match(res.body, /is the last enabled admin\. gatehouse always keeps at least one enabled admin/)
     }
+    const expectScimLastAdmin = (res: LightMyRequestResponse): void => {
+      assert.equal(res.statusCode, 409, res.body)
+      assert.deepEqual(res.json(), { schemas: ['urn:ietf:params:scim:api:messages:2.0:Error'], status: '409', scimType: 'mutability', detail: LAST_ADMIN_DETAIL })
+    }
     const expectCliRefusal = (r: { code: number | null, stderr: string }): void => {
       assert.equal(r.code, 1, r.stderr)
       assert.equal(r.stderr, `gatehouse: ${LAST_ADMIN_DETAIL}\n`)
@@ -704,6 +755,14 @@ for (const dialect of dialects()) {
           { what: 'users update --role user', run: async () => { expectCliRefusal(await cli(['users', 'update', admin.id, '--role', 'user'])) } },
           { what: 'users update --disable', run: async () => { expectCliRefusal(await cli(['users', 'update', admin.id, '--disable'])) } },
           { what: 'users delete', run: async () => { expectCliRefusal(await cli(['users', 'delete', admin.id])) } }
+        ]
+      },
+      {
+        name: 'SCIM',
+        attempts: (admin) => [
+          { what: 'PATCH active "False"', run: async () => { expectScimLastAdmin(await scim('PATCH', `/Users/${admin.id}`, scimDeactivate)) } },
+          { what: 'PUT active false', run: async () => { expectScimLastAdmin(await scim('PUT', `/Users/${admin.id}`, { userName: admin.username, active: false })) } },
+          { what: 'DELETE', run: async () => { expectScimLastAdmin(await scim('DELETE', `/Users/${admin.id}`)) } }
         ]
       }
     ]

@@ -83,6 +83,11 @@ export async function createApiKey (db: Db, principal: Principal, ctx: RequestCo
       errors: [{ in: 'body', pointer: '/expires_at', detail: 'is not in the future' }]
     })
   }
+  if (input.scopes !== undefined && input.scopes.includes('scim') && input.scopes.length > 1) {
+    throw new AppError('validation_failed', 422, 'A SCIM key has the scim scope only: it reaches /scim/v2 and nothing else.', {
+      errors: [{ in: 'body', pointer: '/scopes', detail: 'scim cannot be combined with another scope' }]
+    })
+  }
   const secret = generateApiKeySecret()
   const key = await db.transaction().execute(async trx => await insertKeyForSecret(trx, ctx, secret, {
     name: input.name,

@@ -129,6 +129,10 @@ export default fp(async function authPlugin (app: FastifyInstance) {
     request.principal = principal
     await app.spendCredentialBudget?.(request, reply)
     if (credential.fromCookie && UNSAFE_METHODS.has(request.method)) assertSameOrigin(request, app.config.trustedOrigins)
+    // A provisioning key reaches the SCIM door and nothing else, not even what any credential may call.
+    if (principal.scopes.has('scim') && scope !== 'scim') {
+      throw new AppError('forbidden', 403, 'A key with the "scim" scope is for SCIM provisioning (/scim/v2) only.')
+    }
     if (scope === 'signed_in' || hasScope(principal, scope)) return
     const userId = (request.params as { user_id?: string } | undefined)?.user_id
     if (self === true && principal.userId !== null && userId === principal.userId) return

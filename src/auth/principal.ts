@@ -1,9 +1,10 @@
 import { Type } from 'typebox'
 
-export const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage'] as const
+export const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage', 'scim'] as const
 export type Scope = typeof SCOPES[number]
 export const ScopeSchema = Type.Enum(SCOPES, {
-  description: '`admin` grants everything; the others grant one kind of access.'
+  description: '`admin` grants everything except SCIM; the others grant one kind of access. `scim` is for an identity provider\'s provisioning ' +
+    '(docs/scim.md): it reaches `/scim/v2` and nothing else, no other scope reaches `/scim/v2`, and a key that has it has no other scope.'
 })
 
 /** The user a credential acts for, as /verify reports it. */
@@ -32,6 +33,8 @@ export interface Principal {
 }
 
 export function hasScope (principal: Principal, scope: Scope): boolean {
+  // SCIM is a door of its own: an admin key does not reach it (docs/scim.md).
+  if (scope === 'scim') return principal.scopes.has('scim')
   return principal.scopes.has('admin') || principal.scopes.has(scope)
 }
 

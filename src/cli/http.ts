@@ -18,6 +18,15 @@ export interface ApiUser {
   [field: string]: unknown
 }
 
+/** The subset of the API's Group the CLI relies on. */
+export interface ApiGroup {
+  id: string
+  display_name: string
+  external_id: string | null
+  member_count: number
+  [field: string]: unknown
+}
+
 interface Problem {
   code?: string
   detail?: string
@@ -133,6 +142,31 @@ export class ApiClient {
       // The link is relative to the server, not to the base path.
       path = next === undefined ? undefined : new URL(next, this.baseUrl).toString()
     }
+  }
+
+  /** Every item of a paged list (`limit` in `path`), a page at a time, following `Link: rel="next"`. */
+  async * pages<T> (path: string): AsyncGenerator<T[]> {
+    let next: string | undefined = path
+    while (next !== undefined) {
+      const page: ApiResponse<T[]> = await this.request<T[]>('GET', next)
+      yield page.body
+      const link = nextLink(page.headers.get('link'))
+      next = link === undefined ? undefined : new URL(link, this.baseUrl).toString()
+    }
+  }
+
+  /** A group by id, or by its exact name. */
+  async resolveGroup (idOrName: string): Promise<ApiGroup> {
+    if (UUID.test(idOrName)) {
+      try {
+        return (await this.request<ApiGroup>('GET', `/api/groups/${encodeURIComponent(idOrName)}`)).body
+      } catch (error) {
+        if (!(error instanceof ApiError) || error.status !== 404) throw error
+      }
+    }
+    const found = (await this.request<ApiGroup[]>('GET', `/api/groups?${new URLSearchParams({ display_name: idOrName }).toString()}`)).body
+    if (found.length === 0) throw new CliError(`no group has the id or name "${idOrName}"`)
+    return found[0]!
   }
 
   /** A user by id, or by username through the list operation (as the seed's delete workflow does). */

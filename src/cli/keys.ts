@@ -2,7 +2,7 @@ import type { Command } from 'commander'
 import { ApiClient } from './http.ts'
 import { cell, printJson, printLine, printTable, UsageError } from './output.ts'
 
-const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage']
+const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage', 'scim']
 
 interface ApiKey {
   id: string

@@ -5,6 +5,7 @@ import { CliError } from './output.ts'
 import { DEFAULT_URL } from './http.ts'
 import { registerLocal } from './local.ts'
 import { registerUsers } from './users.ts'
+import { registerGroups } from './groups.ts'
 import { registerKeys } from './keys.ts'
 import { registerWebhooks } from './webhooks.ts'
 import { registerDbUser } from './db-user.ts'
@@ -21,7 +22,7 @@ export function buildProgram (): Command {
     .version(RELEASE, '-V, --version', 'print the release of this gatehouse')
     .addHelpText('after', `
 Environment:
-  GATEHOUSE_URL         the running service, for users, keys and webhooks (default ${DEFAULT_URL})
+  GATEHOUSE_URL         the running service, for users, groups, keys and webhooks (default ${DEFAULT_URL})
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
   DATABASE_URL          the service's own database, for serve, migrate and admin create
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
@@ -33,6 +34,7 @@ Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
     .configureOutput({ outputError: (text, write) => write(text) })
   registerLocal(program)
   registerUsers(program)
+  registerGroups(program)
   registerKeys(program)
   registerWebhooks(program)
   registerDbUser(program)

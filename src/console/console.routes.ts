@@ -16,7 +16,10 @@ import { type SessionsDeps } from '../sessions/sessions.types.ts'
 import { UserSessionParams } from '../sessions/sessions.schemas.ts'
 import { authenticateSession, endUserSession, listUserSessions } from '../sessions/sessions.service.ts'
 import { UserIdParams, type User } from '../users/users.schemas.ts'
+import { GroupIdParams, GroupMemberParams } from '../groups/groups.schemas.ts'
+import { addMembers, createGroup, deleteGroupById, getGroup, listGroupsPage, listMembersPage, removeMember, updateGroupById } from '../groups/groups.service.ts'
 import { findUserById } from '../users/users.repository.ts'
+import { findProvisioningOf } from '../scim/scim.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
   createWebhook,
@@ -63,7 +66,7 @@ import {
   type Fields,
   type WebhookFormValues
 } from './console.forms.ts'
-import type { SafeHtml } from './html.ts'
+import { queryOf, type SafeHtml } from './html.ts'
 import {
   apiKeysPage,
   conflictPage,
@@ -72,6 +75,8 @@ import {
   deleteWebhookPage,
   errorPage,
   eventsPage,
+  groupPage,
+  groupsPage,
   mfaResetPage,
   newUserPage,
   notAdminPage,
@@ -125,7 +130,11 @@ const NOTICES: Record<string, string> = {
   invited: 'User created and invited: the invitation was mailed to them.',
   'invitation-sent': 'Invitation sent again: the earlier link and code stopped working.',
   'invitation-revoked': 'Invitation revoked: its link and code stopped working. Resend it, or delete the user.',
-  'reset-sent': 'A password-reset link was mailed to the user; the earlier one stopped working.'
+  'reset-sent': 'A password-reset link was mailed to the user; the earlier one stopped working.',
+  'group-created': 'Group created.',
+  'group-renamed': 'Group renamed: every member\'s groups hold the new name.',
+  'member-added': 'Member added.',
+  'member-removed': 'Member removed.'
 }
 
 /** An event filter's value that is an id rather than a username: a UUID, or `cli` (the command line's actor). */
@@ -209,16 +218,17 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
 
   const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
     const { user, version } = await getUser(deps, id)
-    const [signIn, events, lastAdmin, mfa, liveSessions] = await Promise.all([
+    const [signIn, events, lastAdmin, mfa, liveSessions, provisioning] = await Promise.all([
       getSignInState(deps, id),
       listEventsPage(app.db, { target_id: id, limit: USER_EVENTS }),
       isLastAdmin(user),
       mfaStatus(sessions, id),
-      listUserSessions(app, request.principal!, id)
+      listUserSessions(app, request.principal!, id),
+      findProvisioningOf(app.db, id)
     ])
     const eventNames = await partyNamesOf(app.db, events.events)
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning, ...extra
     }))
   }
 
@@ -433,6 +443,100 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   app.post('/admin/api-keys/:key_id/rotate', keyRoute, async (request: KeyRequest, reply) => {
     const key = await rotateApiKey(app.db, requestContext(request), request.params.key_id)
     return sendPage(reply, 200, secretPage(viewOf(request), key, true))
+  })
+
+  // -------------------------------------------------------------------------
+  // Groups
+
+  const groupsDeps = { db: app.db }
+  const GROUP_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
+  const queryText = (request: FastifyRequest, name: string): string | undefined => {
+    const value = (request.query as Record<string, unknown>)[name]
+    return typeof value === 'string' && value !== '' ? value : undefined
+  }
+  /** A group name as the form sent it: the API's bounds, said as a field error. */
+  const groupNameError = (name: string): string | undefined =>
+    name === '' ? 'is required' : [...name].length > 64 ? 'must be at most 64 characters' : undefined
+
+  const renderGroups = async (request: FastifyRequest, reply: FastifyReply, status: number, form = { display_name: '' }, errors: FieldErrors = {}): Promise<FastifyReply> => {
+    const q = queryText(request, 'q')?.slice(0, 64)
+    const cursor = queryText(request, 'cursor')
+    const page = await listGroupsPage(groupsDeps, { q }, PAGE_SIZE, cursor)
+    const done = queryText(request, 'done')
+    const name = queryText(request, 'name')
+    const notice = done === 'group-deleted' && name !== undefined ? `Deleted the group ${name}; its members' groups no longer hold it.` : undefined
+    return sendPage(reply, status, groupsPage(viewOf(request, notice), { groups: page.groups, q, cursor, nextCursor: page.nextCursor, form, errors }))
+  }
+
+  app.get('/admin/groups', { schema: hidden }, async (request, reply) => await renderGroups(request, reply, 200))
+
+  app.post('/admin/groups', { schema: hidden, ...formPost }, async (request, reply) => {
+    const name = text((request.body ?? {}) as Fields, 'display_name').trim()
+    const invalid = groupNameError(name)
+    if (invalid !== undefined) return await renderGroups(request, reply, 422, { display_name: name }, { display_name: invalid })
+    try {
+      const { group } = await createGroup(groupsDeps, request.principal!, requestContext(request), { display_name: name })
+      return await seeOther(reply, `${admin}/groups/${group.id}?done=group-created`)
+    } catch (error) {
+      if (!(error instanceof AppError) || error.code !== 'group_exists') throw error
+      return await renderGroups(request, reply, 409, { display_name: name }, { display_name: 'is the name of another group' })
+    }
+  })
+
+  const groupRoute = { schema: { ...hidden, params: GroupIdParams } }
+  type GroupRequest = FastifyRequest<{ Params: { group_id: string } }>
+
+  const renderGroup = async (request: GroupRequest, reply: FastifyReply, status: number, form?: { display_name?: string, username?: string }, errors: FieldErrors = {}): Promise<FastifyReply> => {
+    const { group, version } = await getGroup(groupsDeps, request.params.group_id)
+    const cursor = queryText(request, 'cursor')
+    const members = await listMembersPage(groupsDeps, group.id, PAGE_SIZE, cursor)
+    const done = queryText(request, 'done')
+    return sendPage(reply, status, groupPage(viewOf(request, done !== undefined ? NOTICES[done] : undefined), {
+      group, version, members: members.users, cursor, nextCursor: members.nextCursor, form: { display_name: form?.display_name ?? group.display_name, username: form?.username ?? '' }, errors
+    }))
+  }
+
+  app.get('/admin/groups/:group_id', groupRoute, async (request: GroupRequest, reply) => await renderGroup(request, reply, 200))
+
+  app.post('/admin/groups/:group_id', { ...groupRoute, ...formPost }, async (request: GroupRequest, reply) => {
+    const fields = (request.body ?? {}) as Fields
+    const name = text(fields, 'display_name').trim()
+    const invalid = groupNameError(name)
+    if (invalid !== undefined) return await renderGroup(request, reply, 422, { display_name: name }, { display_name: invalid })
+    try {
+      await updateGroupById(groupsDeps, request.principal!, requestContext(request), request.params.group_id, { display_name: name }, versionOf(fields) /* a user's ETag and a group's are the same strong tag */)
+      return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=group-renamed`)
+    } catch (error) {
+      if (!(error instanceof AppError)) throw error
+      if (error.code === 'group_exists') return await renderGroup(request, reply, 409, { display_name: name }, { display_name: 'is the name of another group' })
+      if (error.code === 'precondition_failed') return await renderGroup(request, reply, 409, undefined, { display_name: 'was changed by someone else meanwhile; this page now shows the group as it is' })
+      throw error
+    }
+  })
+
+  app.post('/admin/groups/:group_id/members', { ...groupRoute, ...formPost }, async (request: GroupRequest, reply) => {
+    const who = text((request.body ?? {}) as Fields, 'username').trim()
+    if (who === '') return await renderGroup(request, reply, 422, { username: who }, { username: 'is required' })
+    const userId = await userIdOfUsername(app.db, who) ?? (GROUP_ID.test(who) && await findUserById(app.db, who.toLowerCase()) !== undefined ? who.toLowerCase() : undefined)
+    if (userId === undefined) return await renderGroup(request, reply, 422, { username: who }, { username: 'is not the username or id of a user' })
+    try {
+      await addMembers(groupsDeps, request.principal!, requestContext(request), request.params.group_id, [userId], undefined)
+      return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=member-added`)
+    } catch (error) {
+      if (!(error instanceof AppError) || error.code !== 'too_many_groups') throw error
+      return await renderGroup(request, reply, 409, { username: who }, { username: 'is in 100 groups already, the most a user can be in' })
+    }
+  })
+
+  app.post('/admin/groups/:group_id/members/:user_id/remove', { schema: { ...hidden, params: GroupMemberParams }, ...formPost }, async (request: FastifyRequest<{ Params: { group_id: string, user_id: string } }>, reply) => {
+    await removeMember(groupsDeps, request.principal!, requestContext(request), request.params.group_id, request.params.user_id, undefined)
+    return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=member-removed`)
+  })
+
+  app.post('/admin/groups/:group_id/delete', { ...groupRoute, ...formPost }, async (request: GroupRequest, reply) => {
+    const { group } = await getGroup(groupsDeps, request.params.group_id)
+    await deleteGroupById(groupsDeps, request.principal!, requestContext(request), group.id, undefined)
+    return await seeOther(reply, `${admin}/groups${queryOf({ done: 'group-deleted', name: group.display_name })}`)
   })
 
   // -------------------------------------------------------------------------

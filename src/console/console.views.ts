@@ -1,4 +1,5 @@
 import type { ApiKey, ApiKeyWithSecret } from '../api-keys/api-keys.schemas.ts'
+import type { Group } from '../groups/groups.schemas.ts'
 import { SCOPES } from '../auth/principal.ts'
 import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
@@ -20,14 +21,14 @@ export interface ViewContext {
   notice?: SafeHtml | string | undefined
 }
 
-type Section = 'users' | 'api-keys' | 'events' | 'webhooks' | undefined
+type Section = 'users' | 'groups' | 'api-keys' | 'events' | 'webhooks' | undefined
 
 export function layout (ctx: ViewContext, title: string, section: Section, body: SafeHtml): string {
   const admin = `${ctx.base}/admin`
   const link = (href: string, name: string, key: Section): SafeHtml =>
     html`<li><a href="${href}"${section === key ? html` aria-current="page"` : ''}>${name}</a></li>`
   const header = ctx.username !== undefined
-    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}</ul></nav>
+    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/groups`, 'Groups', 'groups')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}</ul></nav>
 <div class="who"><span>Signed in as <strong>${ctx.username}</strong></span>
 <a href="${ctx.base}/account">Account security</a>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form></div>`
@@ -194,6 +195,8 @@ export interface UserView {
   lastAdmin: boolean
   /** The user's live sessions, as GET /api/users/{user_id}/sessions lists them. */
   sessions: SessionSummary[]
+  /** What SCIM provisioning keeps about the user (docs/scim.md); absent or both null when no SCIM client manages them. */
+  provisioning?: { externalId: string | null, provisionedAt: string | null } | undefined
   values?: UserFormValues
   /** The version and values an edit form being shown again was read at (else the stored user's). */
   formVersion?: number
@@ -318,6 +321,9 @@ ${user.invitation_pending
 <dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
 <dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
 <dt>Password</dt><dd>${user.password_changed_at === null ? 'none set: cannot sign in' : html`set ${date(user.password_changed_at)}`}</dd>
+${view.provisioning !== undefined && (view.provisioning.externalId !== null || view.provisioning.provisionedAt !== null)
+  ? html`<dt>Provisioning</dt><dd id="provisioning">managed by SCIM${view.provisioning.externalId !== null ? html`; externalId <code>${view.provisioning.externalId}</code>` : ''}; last provisioning change ${date(view.provisioning.provisionedAt)}. Changes made here are overwritten by the identity provider's next sync.</dd>`
+  : ''}
 <dt>Sign-in lock</dt><dd>${locked ? html`locked for unknown clients until ${date(view.signIn.lockedUntil)}` : 'not locked'}; ${view.signIn.failedLogins} failed sign-in${view.signIn.failedLogins === 1 ? '' : 's'} counted</dd>
 </dl></section>
 ${lastAdminNote}
@@ -778,4 +784,102 @@ export function notAdminPage (ctx: ViewContext, username: string, needsSecondFac
   return layout({ ...ctx, username: undefined }, 'Not an admin', undefined, html`<h1>Admins only</h1>
 <div class="error" role="alert">${reason}</div>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form>`)
+}
+
+export interface GroupsListView {
+  groups: Group[]
+  q: string | undefined
+  cursor: string | undefined
+  nextCursor: string | undefined
+  /** The create form as sent, and what is wrong with it. */
+  form: { display_name: string }
+  errors: FieldErrors
+}
+
+export function groupsPage (ctx: ViewContext, view: GroupsListView): string {
+  const list = `${ctx.base}/admin/groups`
+  const filters = { q: view.q }
+  const rows = view.groups.map(group => html`<tr>
+<td data-label="Name"><a href="${list}/${group.id}">${group.display_name}</a></td>
+<td data-label="Members">${group.member_count}</td>
+<td data-label="External id" class="data">${group.external_id ?? ''}</td>
+<td data-label="Changed">${date(group.updated_at)}</td>
+<td data-label="ID" class="id">${group.id}</td>
+</tr>`)
+  const body = html`<h1>Groups</h1>
+<p>Each member's <strong>Groups</strong> holds the group's name: renaming or deleting a group changes every member.</p>
+<section class="panel" aria-labelledby="new-group"><h2 id="new-group">Create a group</h2>
+${errorSummary(view.errors, undefined)}
+<form method="post" action="${list}" novalidate>
+${input('display_name', 'Name', view.form.display_name, view.errors, { required: true, autocomplete: 'off', hint: '1 to 64 characters; unique exactly as written.' })}
+<button type="submit">Create group</button>
+</form></section>
+<form class="panel filters" method="get" action="${list}" role="search" aria-label="Find groups">
+<div class="field wide"><label for="q">Search</label><input id="q" name="q" type="search" value="${view.q ?? ''}" aria-describedby="q-hint"><p class="hint" id="q-hint">Part of a group's name; case does not matter.</p></div>
+<div class="field actions"><button type="submit">Apply</button>${view.q !== undefined ? html`<a href="${list}">Clear</a>` : ''}</div>
+</form>
+${view.groups.length === 0
+  ? html`<p class="panel">${view.q !== undefined ? 'No group matches this search.' : 'There are no groups yet.'}</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Groups" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Groups${view.q !== undefined ? ' matching the search' : ''}, by name, with their member counts</caption>
+<thead><tr><th scope="col">Name</th><th scope="col">Members</th><th scope="col">External id</th><th scope="col">Changed</th><th scope="col">ID</th></tr></thead>
+<tbody>${rows}</tbody></table></div>`}
+<nav class="pager" aria-label="Pages">
+${view.cursor !== undefined ? html`<a href="${list}${queryOf(filters)}">First page</a>` : ''}
+${view.nextCursor !== undefined ? html`<a href="${list}${queryOf({ ...filters, cursor: view.nextCursor })}" rel="next">Next page</a>` : ''}
+</nav>`
+  return layout(ctx, 'Groups', 'groups', body)
+}
+
+export interface GroupView {
+  group: Group
+  version: number
+  members: User[]
+  cursor: string | undefined
+  nextCursor: string | undefined
+  /** The rename and add-member forms as sent, and what is wrong with them. */
+  form: { display_name: string, username: string }
+  errors: FieldErrors
+}
+
+export function groupPage (ctx: ViewContext, view: GroupView): string {
+  const page = `${ctx.base}/admin/groups/${view.group.id}`
+  const users = `${ctx.base}/admin/users`
+  const { group } = view
+  const rows = view.members.map(user => html`<tr>
+<td data-label="Username"><a href="${users}/${user.id}">${user.username}</a></td>
+<td data-label="Name">${[user.first_name, user.last_name].filter(Boolean).join(' ')}</td>
+<td data-label="Role">${user.role === 'admin' ? html`<span class="badge admin">admin</span>` : 'user'}</td>
+<td data-label="Status">${user.disabled ? html`<span class="badge off">disabled</span>` : 'enabled'}</td>
+<td data-label="Actions"><form method="post" action="${page}/members/${user.id}/remove" data-confirm="Take ${user.username} out of “${group.display_name}”?" data-confirm-label="Remove"><button type="submit" class="secondary" aria-label="Remove ${user.username} from the group">Remove</button></form></td>
+</tr>`)
+  const body = html`<div class="actions"><h1>Group ${group.display_name}</h1>
+<form method="post" action="${page}/delete" data-confirm="Delete the group “${group.display_name}”? Its name leaves the groups of its ${group.member_count} member${group.member_count === 1 ? '' : 's'}." data-confirm-label="Delete"><button type="submit" class="danger">Delete group</button></form></div>
+<dl class="facts"><dt>Members</dt><dd>${group.member_count}</dd><dt>External id</dt><dd>${group.external_id ?? html`<span class="muted">none</span>`}</dd><dt>Created</dt><dd>${date(group.created_at)}</dd><dt>Changed</dt><dd>${date(group.updated_at)}</dd><dt>ID</dt><dd class="id">${group.id}</dd></dl>
+${errorSummary(view.errors, undefined)}
+<div class="grid">
+<section class="panel" aria-labelledby="rename"><h2 id="rename">Rename</h2>
+<form method="post" action="${page}" novalidate>
+<input type="hidden" name="version" value="${view.version}">
+${input('display_name', 'Name', view.form.display_name, view.errors, { required: true, autocomplete: 'off', hint: 'Every member\'s groups change with it.' })}
+<button type="submit">Rename group</button>
+</form></section>
+<section class="panel" aria-labelledby="add-member"><h2 id="add-member">Add a member</h2>
+<form method="post" action="${page}/members" novalidate>
+${input('username', 'Username', view.form.username, view.errors, { required: true, autocomplete: 'off', hint: 'The user\'s username or id.' })}
+<button type="submit">Add member</button>
+</form></section>
+</div>
+<h2>Members</h2>
+${view.members.length === 0
+  ? html`<p class="panel">${view.cursor !== undefined ? 'No more members.' : 'This group has no members.'}</p>`
+  : html`<div class="table-wrap" role="region" aria-label="Members" tabindex="0"><table class="cards">
+<caption class="visually-hidden">Members of ${group.display_name}, by username</caption>
+<thead><tr><th scope="col">Username</th><th scope="col">Name</th><th scope="col">Role</th><th scope="col">Status</th><th scope="col">Actions</th></tr></thead>
+<tbody>${rows}</tbody></table></div>`}
+<nav class="pager" aria-label="Pages">
+${view.cursor !== undefined ? html`<a href="${page}">First page</a>` : ''}
+${view.nextCursor !== undefined ? html`<a href="${page}${queryOf({ cursor: view.nextCursor })}" rel="next">Next page</a>` : ''}
+</nav>`
+  return layout(ctx, `Group ${group.display_name}`, 'groups', body)
 }

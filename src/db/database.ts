@@ -54,7 +54,16 @@ export interface UsersTable {
   email_verified: ColumnType<boolean | number, boolean | undefined, boolean>
   /** Invited and not yet accepted: no password signs in until the invitation sets one. */
   invitation_pending: ColumnType<boolean | number, boolean | undefined, boolean>
+  /** SCIM (migration 0013): the provisioning client's id for the user, displayName, name.formatted, emails and the time of its last change. */
+  external_id: ColumnType<string | null, string | null | undefined, string | null>
+  display_name: ColumnType<string | null, string | null | undefined, string | null>
+  formatted_name: ColumnType<string | null, string | null | undefined, string | null>
+  scim_emails: ColumnType<ScimEmail[] | string | null, string | null | undefined, string | null>
+  provisioned_at: ColumnType<Date | string | null, string | null | undefined, string | null>
 }
+
+/** One entry of a user's SCIM `emails`, as stored. */
+export interface ScimEmail { value: string, type?: string, primary?: boolean }
 
 export interface SessionsTable {
   id: string
@@ -322,6 +331,24 @@ export interface MailOutboxTable {
   finished_at: NullableTimestamp
 }
 
+/** A group (migration 0012); its name is what a member's `users.groups` array holds. */
+export interface GroupsTable {
+  id: string
+  /** Unique exactly as written (names were free labels, `Ops` and `ops` two of them). */
+  display_name: string
+  /** A provisioning client's own id for the group (SCIM `externalId`); stored, never interpreted. */
+  external_id: string | null
+  version: number
+  created_at: Timestamp
+  updated_at: Timestamp
+}
+
+/** Who is in a group: kept in step with `users.groups` by the user lifecycle, in the same transaction. */
+export interface GroupMembersTable {
+  group_id: string
+  user_id: string
+}
+
 export interface MetaTable {
   key: string
   value: string
@@ -347,6 +374,8 @@ export interface Database {
   idempotency_keys: IdempotencyKeysTable
   account_tokens: AccountTokensTable
   mail_outbox: MailOutboxTable
+  groups: GroupsTable
+  group_members: GroupMembersTable
 }
 
 export type Db = Kysely<Database>
@@ -512,6 +541,29 @@ function withIntegerBooleans (statement: SQLite.Statement): SqliteStatement {
     all: (parameters) => statement.all(bind(parameters)),
     run: (parameters) => statement.run(bind(parameters)),
     iterate: (parameters) => statement.iterate(bind(parameters))
+  }
+}
+
+/** PostgreSQL's deadlock_detected and serialization_failure: the transaction was chosen to be rolled back, and may simply be run again. */
+const RETRYABLE = new Set(['40P01', '40001'])
+
+/**
+ * Runs `work` in a transaction, and runs it again (at most `attempts` times in
+ * all) when PostgreSQL rolled it back to break a deadlock. Changes of a group
+ * and of its members' arrays lock users and groups in one order (users
+ * first), but a member who joins between a rename's read of the members and
+ * its lock on the group is locked out of that order; such a rare deadlock is
+ * retried here rather than answered with 409 `conflict`. `work` must do
+ * nothing outside the transaction that cannot be done twice.
+ */
+export async function transactionRetried<T> (db: Db, work: (trx: Db) => Promise<T>, attempts = 3): Promise<T> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await db.transaction().execute(work)
+    } catch (error) {
+      const code = (error as { code?: unknown } | null)?.code
+      if (attempt >= attempts || typeof code !== 'string' || !RETRYABLE.has(code)) throw error
+    }
   }
 }
 

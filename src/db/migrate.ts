@@ -11,6 +11,8 @@ import * as m0008 from './migrations/0008_reauthentication.ts'
 import * as m0009 from './migrations/0009_events_occurred_at.ts'
 import * as m0010 from './migrations/0010_idempotency_keys.ts'
 import * as m0011 from './migrations/0011_session_details.ts'
+import * as m0012 from './migrations/0012_groups.ts'
+import * as m0013 from './migrations/0013_scim.ts'
 import * as m0014 from './migrations/0014_mail.ts'
 import * as m0015 from './migrations/0015_account_tokens.ts'
 
@@ -27,6 +29,8 @@ const migrations: Record<string, Migration> = {
   '0009_events_occurred_at': m0009,
   '0010_idempotency_keys': m0010,
   '0011_session_details': m0011,
+  '0012_groups': m0012,
+  '0013_scim': m0013,
   '0014_mail': m0014,
   '0015_account_tokens': m0015
 }

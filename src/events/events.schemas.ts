@@ -14,6 +14,7 @@ export const EVENT_TYPES = [
   'user.invited', 'user.invitation_revoked', 'user.invitation_accepted',
   'user.password_reset_requested', 'user.password_reset',
   'user.email_verification_sent', 'user.email_verified',
+  'group.created', 'group.updated', 'group.deleted', 'group.members_added', 'group.members_removed',
   'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed',
   'mail.sent', 'mail.failed'
 ] as const

@@ -118,7 +118,7 @@ const RESPONSE_HEADERS = {
   },
   ETag: {
     required: true,
-    description: 'The user\'s version, as a strong entity tag; send it as `If-Match` to refuse lost updates.',
+    description: 'The version of the user or group, as a strong entity tag; send it as `If-Match` to refuse lost updates.',
     schema: { type: 'string', maxLength: 22, pattern: '^"[0-9]+"$', examples: ['"3"'] }
   },
   Location: {

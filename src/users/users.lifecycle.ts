@@ -1,4 +1,4 @@
-import { toBool, type Db } from '../db/database.ts'
+import { toBool, toStringArray, type Db, type ScimEmail } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.repository.ts'
@@ -6,6 +6,15 @@ import { revokeKeysRecorded } from '../api-keys/api-keys.repository.ts'
 import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { endLiveTokens } from '../tokens/tokens.repository.ts'
+import {
+  deleteMemberships,
+  findGroupsByIds,
+  findGroupsByNames,
+  insertGroupsIfAbsent,
+  insertMemberships,
+  listGroupIdsOfUser,
+  touchGroups
+} from '../groups/groups.repository.ts'
 import {
   deleteUser,
   findUserById,
@@ -34,6 +43,15 @@ import type { User } from './users.schemas.ts'
  * api_keys: auth/credential-cache.ts) are the same whichever door was used.
  * What differs between doors is who may use them, which is the caller's rule.
  *
+ * A user's `groups` array is also their memberships in `group_members`
+ * (migration 0012): every function here that writes the array brings the
+ * memberships in step in the same transaction, and makes a group for a name
+ * that has none, so a 3.6.1 client that sends `"groups": ["new-team"]` makes
+ * the group `new-team`. Those changes are recorded as the groups resource
+ * records its own (`group.created`, `group.members_added`,
+ * `group.members_removed`), so a reader of group events misses none, whichever
+ * door changed the membership.
+ *
  * These are data-level functions, as Supabase Auth's models.* are: they take
  * the transaction and import only repositories, so any service or flow may
  * call them and none of them calls a service.
@@ -51,6 +69,30 @@ export interface NewUser {
   password_sign_in?: boolean | undefined
   /** Invited: no password until the invitation is accepted (docs/email.md#invitations). */
   invitation_pending?: boolean | undefined
+  /** What a SCIM client keeps about the user (docs/scim.md); no other door sets these. */
+  external_id?: string | null | undefined
+  display_name?: string | null | undefined
+  formatted_name?: string | null | undefined
+  scim_emails?: ScimEmail[] | null | undefined
+}
+
+/** The SCIM fields of a user, as `user.created` and `user.updated` events name them. */
+const SCIM_FIELDS = ['external_id', 'display_name', 'formatted_name', 'scim_emails'] as const
+
+/** JSON with every object's keys in order: PostgreSQL's jsonb gives keys back in an order of its own. */
+function sortedJson (value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) => typeof v === 'object' && v !== null && !Array.isArray(v)
+    ? Object.fromEntries(Object.entries(v).sort(([a], [b]) => a < b ? -1 : a > b ? 1 : 0))
+    : v)
+}
+
+function scimFieldsOf (row: Partial<Record<typeof SCIM_FIELDS[number], unknown>>): Record<string, unknown> {
+  const fields: Record<string, unknown> = {}
+  for (const field of SCIM_FIELDS) {
+    const value = field === 'scim_emails' && typeof row[field] === 'string' ? JSON.parse(row[field]) : row[field]
+    if (value !== undefined && value !== null) fields[field] = value
+  }
+  return fields
 }
 
 /** The row of a new user; `hasPassword` when a hash is given or will be set before the insert. */
@@ -75,7 +117,11 @@ export function newUserRow (input: NewUser, passwordHash: string | null, hasPass
     created_at: now,
     updated_at: now,
     last_login_at: null,
-    password_changed_at: hasPassword ? now : null
+    password_changed_at: hasPassword ? now : null,
+    ...(input.external_id != null ? { external_id: input.external_id } : {}),
+    ...(input.display_name != null ? { display_name: input.display_name } : {}),
+    ...(input.formatted_name != null ? { formatted_name: input.formatted_name } : {}),
+    ...(input.scim_emails != null ? { scim_emails: JSON.stringify(input.scim_emails) } : {})
   }
 }
 
@@ -85,14 +131,68 @@ function withoutTimestamps (user: User): Record<string, unknown> {
 }
 
 /** The data of a `user.created` event: the user as created, the password redacted, and what the door adds (`source`, `imported_hash_scheme`). */
-function createdEventData (row: NewUserRow | PublicUserRow, hasPassword: boolean, extra: Record<string, unknown>): Record<string, unknown> {
-  return { ...withoutTimestamps(toUser(row)), ...(hasPassword ? { password: REDACTED } : {}), ...extra }
+function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<string, unknown>, hasPassword: boolean, extra: Record<string, unknown>): Record<string, unknown> {
+  return { ...withoutTimestamps(toUser(row)), ...scimFields, ...(hasPassword ? { password: REDACTED } : {}), ...extra }
 }
 
-/** Creates one user with its `user.created` event. */
+/**
+ * The ids of the groups of these names, making (each with a `group.created`
+ * event) those that have none. A name another transaction makes first is
+ * used as made there.
+ */
+async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[], lock: 'key_share' | 'no_key_update'): Promise<Map<string, string>> {
+  const unique = [...new Set(names)]
+  const ids = new Map<string, string>()
+  if (unique.length === 0) return ids
+  for (const group of await findGroupsByNames(trx, unique, { lock })) ids.set(group.display_name, group.id)
+  const missing = unique.filter(name => !ids.has(name))
+  if (missing.length === 0) return ids
+  const now = nowIso()
+  const made = await insertGroupsIfAbsent(trx, missing.map(name => ({ id: newId(), display_name: name, external_id: null, version: 1, created_at: now, updated_at: now })))
+  for (const group of made) {
+    ids.set(group.display_name, group.id)
+    await recordEvent(trx, ctx, 'group.created', { type: 'group', id: group.id }, { display_name: group.display_name, external_id: null, member_ids: [], source: 'user_groups' })
+  }
+  const raced = missing.filter(name => !ids.has(name))
+  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced, { lock })) ids.set(group.display_name, group.id)
+  return ids
+}
+
+/** One `group.members_added` or `group.members_removed` event per group, and a new version of each group. */
+async function recordMembershipChanges (trx: Db, ctx: RequestContext, type: 'group.members_added' | 'group.members_removed', byGroup: Map<string, string[]>, extra: Record<string, unknown> = {}): Promise<void> {
+  if (byGroup.size === 0) return
+  await touchGroups(trx, [...byGroup.keys()], nowIso())
+  const names = new Map((await findGroupsByIds(trx, [...byGroup.keys()])).map(group => [group.id, group.display_name]))
+  for (const [groupId, userIds] of byGroup) {
+    await recordEvent(trx, ctx, type, { type: 'group', id: groupId }, { display_name: names.get(groupId) ?? null, user_ids: userIds, ...extra })
+  }
+}
+
+/**
+ * Brings a user's rows in `group_members` in step with their `groups` array.
+ * `record`: false when the caller (groups.lifecycle.ts) records the change
+ * of members itself, once for all the users it changes.
+ */
+async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, names: readonly string[], record: boolean): Promise<void> {
+  // Recording, the groups get a new version: locked for that at once. The
+  // group lifecycle holds the one group whose members it changes, and must
+  // not wait on the member's other groups, which it leaves as they are.
+  const wanted = new Set((await groupIdsOf(trx, ctx, names, record ? 'no_key_update' : 'key_share')).values())
+  const held = new Set(await listGroupIdsOfUser(trx, userId))
+  const added = [...wanted].filter(id => !held.has(id))
+  const removed = [...held].filter(id => !wanted.has(id))
+  await insertMemberships(trx, added.map(groupId => ({ group_id: groupId, user_id: userId })))
+  await deleteMemberships(trx, userId, removed)
+  if (!record) return
+  await recordMembershipChanges(trx, ctx, 'group.members_added', new Map(added.map(groupId => [groupId, [userId]])))
+  await recordMembershipChanges(trx, ctx, 'group.members_removed', new Map(removed.map(groupId => [groupId, [userId]])))
+}
+
+/** Creates one user with its `user.created` event, and their memberships. */
 export async function createUserRecorded (trx: Db, ctx: RequestContext, row: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
   const inserted = await insertUser(trx, row)
-  await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, row.password_hash !== null, extra))
+  await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, scimFieldsOf(row), row.password_hash !== null, extra))
+  await syncMemberships(trx, ctx, inserted.id, toStringArray(row.groups), true)
   return inserted
 }
 
@@ -111,8 +211,20 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
     target_id: row.id,
     request_id: ctx.requestId,
     client_ip: ctx.clientIp,
-    data: JSON.stringify(createdEventData(row, row.password_hash !== null, extra ?? {}))
+    data: JSON.stringify(createdEventData(row, scimFieldsOf(row), row.password_hash !== null, extra ?? {}))
   })))
+  // Their memberships: one `group.members_added` per group, listing every new member.
+  const namesOf = new Map(rows.map(({ row }) => [row.id, toStringArray(row.groups)]))
+  const ids = await groupIdsOf(trx, ctx, [...namesOf.values()].flat(), 'no_key_update')
+  const byGroup = new Map<string, string[]>()
+  for (const [userId, names] of namesOf) {
+    for (const name of new Set(names)) {
+      const groupId = ids.get(name)!
+      byGroup.set(groupId, [...byGroup.get(groupId) ?? [], userId])
+    }
+  }
+  await insertMemberships(trx, [...byGroup].flatMap(([groupId, userIds]) => userIds.map(userId => ({ group_id: groupId, user_id: userId }))))
+  await recordMembershipChanges(trx, ctx, 'group.members_added', byGroup)
 }
 
 /**
@@ -135,6 +247,14 @@ export interface ChangeOptions {
   check?: (current: UserRow) => void
   /** Added to the `user.updated` event: `source` of a sign-in's mapping. */
   extra?: Record<string, unknown>
+  /** A SCIM client asked: a change that changes something also sets `provisioned_at`. */
+  provisioning?: boolean
+  /**
+   * False when the caller records the change of a group's members itself
+   * (groups.lifecycle.ts, once for all the members it changes); by default a
+   * change of `groups` records `group.members_added`/`_removed` per group.
+   */
+  recordGroupEvents?: boolean
 }
 
 export interface ChangeOutcome {
@@ -215,6 +335,17 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (changes.groups !== undefined && note('groups', changes.groups)) update.groups = JSON.stringify(changes.groups)
   if (changes.disabled !== undefined && note('disabled', changes.disabled)) update.disabled = changes.disabled
   if (changes.password_sign_in !== undefined && note('password_sign_in', changes.password_sign_in)) update.password_sign_in = changes.password_sign_in
+  const oldScim = scimFieldsOf(current)
+  for (const field of SCIM_FIELDS) {
+    const to = changes[field]
+    if (to === undefined) continue
+    const from = oldScim[field] ?? null
+    if (sortedJson(from) === sortedJson(to)) continue
+    diff[field] = { from, to }
+    if (field === 'scim_emails') update.scim_emails = to === null ? null : JSON.stringify(to)
+    else update[field] = to as string | null
+  }
+  if (options.provisioning === true && Object.keys(diff).length > 0) update.provisioned_at = now
   if (changes.password_hash !== undefined) {
     update.password_hash = changes.password_hash
     update.password_changed_at = now
@@ -226,6 +357,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
+  if (diff.groups !== undefined) await syncMemberships(trx, ctx, id, changes.groups!, options.recordGroupEvents ?? true)
   if (old.invitation_pending && update.invitation_pending === false) await endLiveTokens(trx, id, 'invitation', changes.password_hash !== undefined ? 'password_set' : 'revoked')
   if (update.email !== undefined) await endLiveTokens(trx, id, 'email_verification', 'replaced')
   // A reset link mailed before a new password was set must not undo it.
@@ -270,6 +402,9 @@ export async function deleteUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
   await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
   await endSessionsRecorded(trx, ctx, id, 'user_deleted')
+  const groupIds = await listGroupIdsOfUser(trx, id)
+  // The memberships go with the row (ON DELETE CASCADE).
   await deleteUser(trx, id)
   await recordEvent(trx, ctx, 'user.deleted', { type: 'user', id }, { username: current.username, email: current.email, role: current.role })
+  await recordMembershipChanges(trx, ctx, 'group.members_removed', new Map(groupIds.map(groupId => [groupId, [id]])), { reason: 'user_deleted' })
 }

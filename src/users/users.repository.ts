@@ -29,6 +29,12 @@ export interface NewUserRow {
   password_changed_at: string | null
   email_verified?: boolean
   invitation_pending?: boolean
+  /** What a SCIM client keeps about the user (migration 0013); absent for every other door. */
+  external_id?: string | null
+  display_name?: string | null
+  formatted_name?: string | null
+  scim_emails?: string | null
+  provisioned_at?: string | null
 }
 
 /** The columns a User is made of: never the password hash. */
@@ -104,6 +110,20 @@ export async function deleteUser (db: Db, id: string): Promise<boolean> {
 }
 
 /**
+ * Locks these users' rows on PostgreSQL, in id order, so that two
+ * transactions that each lock several users never wait on each other in a
+ * cycle (the group lifecycle locks the members it changes before their
+ * group). SQLite runs one write transaction at a time.
+ */
+export async function lockUserRows (db: Db, ids: readonly string[]): Promise<void> {
+  if (!isPostgres(db)) return
+  const sorted = [...new Set(ids)].sort()
+  for (let i = 0; i < sorted.length; i += INSERT_CHUNK) {
+    await db.selectFrom('users').select('id').where('id', 'in', sorted.slice(i, i + INSERT_CHUNK)).orderBy('id').forUpdate().execute()
+  }
+}
+
+/**
  * Ids of the enabled admins, locked on PostgreSQL (in id order, so lockers
  * never wait on each other in a cycle) so that two requests that each remove a
  * different admin cannot both see the other as the remaining one.
@@ -159,9 +179,8 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .$if(has.email === true, q => q.where('email_key', '=', param('email_key')))
     .$if(has.role === true, q => q.where('role', '=', param('role')))
     .$if(has.disabled === true, q => q.where('disabled', '=', param('disabled')))
-    .$if(has.group === true, q => q.where(isPostgres(db)
-      ? sql<boolean>`groups ? ${param('group')}`
-      : sql<boolean>`exists (select 1 from json_each(users.groups) where json_each.value = ${param('group')})`))
+    // Through the memberships (migration 0012), by index, rather than through every user's array.
+    .$if(has.group === true, q => q.where(sql<boolean>`users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')}))`))
     // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
     // answer it with an index range search; the OR form scans from the start
     // of the index on every page, which made the full list quadratic.

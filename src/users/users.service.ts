@@ -1,4 +1,4 @@
-import { isPostgres, toBool, toIso, type Db } from '../db/database.ts'
+import { isPostgres, toBool, toIso, transactionRetried, type Db } from '../db/database.ts'
 import { AppError, type ErrorCode, type FieldError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -275,7 +275,8 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
     : undefined
 
   const { password: _password, ...fields } = patch
-  return await deps.db.transaction().execute(async trx => {
+  // A change of groups locks the groups too (users.lifecycle.ts): retried should it meet a group's change in a deadlock.
+  return await transactionRetried(deps.db, async trx => {
     const outcome = await changeUserRecorded(trx, ctx, id, { ...fields, password_hash: passwordHash }, {
       lastAdmin: 'refuse',
       check: current => { assertIfMatch(ifMatch, current.version) }

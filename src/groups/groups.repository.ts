@@ -1,0 +1,186 @@
+import { sql, type Selectable, type Updateable } from 'kysely'
+import { isPostgres, toIso, type Db, type GroupsTable } from '../db/database.ts'
+import { toUser, type PublicUserRow } from '../users/users.repository.ts'
+import type { User } from '../users/users.schemas.ts'
+import type { Group } from './groups.schemas.ts'
+
+export type GroupRow = Selectable<GroupsTable>
+export type GroupRowUpdate = Updateable<GroupsTable>
+export interface NewGroupRow {
+  id: string
+  display_name: string
+  external_id: string | null
+  version: number
+  created_at: string
+  updated_at: string
+}
+
+/** Rows per statement: well under SQLite's and PostgreSQL's limits on bound parameters. */
+const CHUNK = 500
+
+export function toGroup (row: GroupRow | NewGroupRow, memberCount: number): Group {
+  return {
+    id: row.id,
+    display_name: row.display_name,
+    external_id: row.external_id,
+    member_count: memberCount,
+    created_at: toIso(row.created_at),
+    updated_at: toIso(row.updated_at)
+  }
+}
+
+/**
+ * `lock` on PostgreSQL: `update` for a rename or a delete (which change the
+ * row's key, the unique name); `no_key_update` for a change of members, which
+ * lets the users' own changes (their memberships' foreign keys take `key
+ * share`) go on meanwhile.
+ */
+export async function findGroupById (db: Db, id: string, options: { lock?: 'update' | 'no_key_update' } = {}): Promise<GroupRow | undefined> {
+  return await db.selectFrom('groups').selectAll().where('id', '=', id)
+    .$if(options.lock === 'update' && isPostgres(db), q => q.forUpdate())
+    .$if(options.lock === 'no_key_update' && isPostgres(db), q => q.forNoKeyUpdate())
+    .executeTakeFirst()
+}
+
+/** The group of exactly this name (names are unique as written). */
+export async function findGroupByName (db: Db, displayName: string): Promise<GroupRow | undefined> {
+  return await db.selectFrom('groups').selectAll().where('display_name', '=', displayName).executeTakeFirst()
+}
+
+/**
+ * The groups of these names. `lock` (PostgreSQL), taken in id order: a group
+ * being renamed or deleted is waited for, and then found only if it still has
+ * the name, so a user's array never names a group that has just been renamed
+ * away. `no_key_update` when the caller will also write the rows (a new
+ * version for a change of members): taken at once rather than raised from
+ * `key_share` later, which can deadlock against a rename waiting in between.
+ */
+export async function findGroupsByNames (db: Db, names: readonly string[], options: { lock?: 'key_share' | 'no_key_update' } = {}): Promise<GroupRow[]> {
+  const rows: GroupRow[] = []
+  const sorted = [...new Set(names)].sort()
+  for (let i = 0; i < sorted.length; i += CHUNK) {
+    rows.push(...await db.selectFrom('groups').selectAll().where('display_name', 'in', sorted.slice(i, i + CHUNK))
+      .$if(options.lock === 'key_share' && isPostgres(db), q => q.orderBy('id').forKeyShare())
+      .$if(options.lock === 'no_key_update' && isPostgres(db), q => q.orderBy('id').forNoKeyUpdate())
+      .execute())
+  }
+  return rows
+}
+
+export async function findGroupsByIds (db: Db, ids: readonly string[]): Promise<GroupRow[]> {
+  if (ids.length === 0) return []
+  return await db.selectFrom('groups').selectAll().where('id', 'in', [...ids]).execute()
+}
+
+export async function insertGroup (db: Db, row: NewGroupRow): Promise<GroupRow> {
+  return await db.insertInto('groups').values(row).returningAll().executeTakeFirstOrThrow()
+}
+
+/**
+ * Inserts the groups whose names no group has yet and returns those it
+ * inserted; a name another transaction takes first is skipped (on
+ * PostgreSQL the insert waits for that transaction and then skips it).
+ */
+export async function insertGroupsIfAbsent (db: Db, rows: NewGroupRow[]): Promise<GroupRow[]> {
+  const inserted: GroupRow[] = []
+  for (let i = 0; i < rows.length; i += CHUNK) {
+    inserted.push(...await db.insertInto('groups').values(rows.slice(i, i + CHUNK))
+      .onConflict(oc => oc.column('display_name').doNothing())
+      .returningAll().execute())
+  }
+  return inserted
+}
+
+/** Applies a change only if the row is still at `expectedVersion`; undefined when it is not. */
+export async function updateGroup (db: Db, id: string, expectedVersion: number, changes: GroupRowUpdate): Promise<GroupRow | undefined> {
+  return await db.updateTable('groups').set(changes)
+    .where('id', '=', id).where('version', '=', expectedVersion)
+    .returningAll().executeTakeFirst()
+}
+
+/** A new version of each group, for a change of its members. */
+export async function touchGroups (db: Db, ids: readonly string[], now: string): Promise<void> {
+  // In id order, so two transactions touching the same groups lock them in the same order.
+  const sorted = [...new Set(ids)].sort()
+  for (let i = 0; i < sorted.length; i += CHUNK) {
+    await db.updateTable('groups').set({ version: sql`version + 1`, updated_at: now }).where('id', 'in', sorted.slice(i, i + CHUNK)).execute()
+  }
+}
+
+/** Deletes the group; its memberships go with it (ON DELETE CASCADE). */
+export async function deleteGroup (db: Db, id: string): Promise<boolean> {
+  const result = await db.deleteFrom('groups').where('id', '=', id).executeTakeFirst()
+  return result.numDeletedRows > 0n
+}
+
+export async function countGroupMembers (db: Db, groupId: string): Promise<number> {
+  const row = await db.selectFrom('group_members').select(eb => eb.fn.countAll<number | string>().as('n')).where('group_id', '=', groupId).executeTakeFirstOrThrow()
+  return Number(row.n)
+}
+
+/** Every member's id, in id order. */
+export async function listGroupMemberIds (db: Db, groupId: string): Promise<string[]> {
+  const rows = await db.selectFrom('group_members').select('user_id').where('group_id', '=', groupId).orderBy('user_id').execute()
+  return rows.map(r => r.user_id)
+}
+
+/** The ids of the groups a user is in. */
+export async function listGroupIdsOfUser (db: Db, userId: string): Promise<string[]> {
+  const rows = await db.selectFrom('group_members').select('group_id').where('user_id', '=', userId).execute()
+  return rows.map(r => r.group_id)
+}
+
+/** Adds memberships; one that exists already is left as it is. */
+export async function insertMemberships (db: Db, rows: Array<{ group_id: string, user_id: string }>): Promise<void> {
+  for (let i = 0; i < rows.length; i += CHUNK) {
+    await db.insertInto('group_members').values(rows.slice(i, i + CHUNK)).onConflict(oc => oc.columns(['group_id', 'user_id']).doNothing()).execute()
+  }
+}
+
+export async function deleteMemberships (db: Db, userId: string, groupIds: readonly string[]): Promise<void> {
+  if (groupIds.length === 0) return
+  await db.deleteFrom('group_members').where('user_id', '=', userId).where('group_id', 'in', [...groupIds]).execute()
+}
+
+export type GroupFilter = { display_name?: string | undefined, q?: string | undefined, external_id?: string | undefined }
+
+function escapeLike (value: string): string {
+  return value.replace(/[\\%_]/g, c => `\\${c}`)
+}
+
+/**
+ * One keyset page of groups in name order (then id), each with its member
+ * count (read from the primary key of group_members, which starts with the
+ * group). One row more than `limit` when another page follows.
+ */
+export async function listGroups (db: Db, filter: GroupFilter, limit: number, after: [string, string] | undefined): Promise<Array<GroupRow & { member_count: number }>> {
+  const rows = await db.selectFrom('groups')
+    .selectAll('groups')
+    .select(eb => eb.selectFrom('group_members').select(eb.fn.countAll<number | string>().as('n')).whereRef('group_members.group_id', '=', 'groups.id').as('member_count'))
+    .$if(filter.display_name !== undefined, q => q.where('display_name', '=', filter.display_name!))
+    .$if(filter.external_id !== undefined, q => q.where('external_id', '=', filter.external_id!))
+    .$if(filter.q !== undefined, q => q.where(sql<boolean>`lower(display_name) like ${`%${escapeLike(filter.q!.toLowerCase())}%`} escape '\\'`))
+    .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('display_name', 'id'), '>', tuple(after![0], after![1]))))
+    .orderBy('display_name')
+    .orderBy('id')
+    .limit(limit + 1)
+    .execute()
+  return rows.map(row => ({ ...row, member_count: Number(row.member_count ?? 0) }))
+}
+
+/** One keyset page of a group's members as users, in username order (then id); one more than `limit` when another page follows. */
+export async function listGroupMembers (db: Db, groupId: string, limit: number, after: [string, string] | undefined): Promise<Array<{ user: User, username_key: string }>> {
+  const rows = await db.selectFrom('group_members')
+    .innerJoin('users', 'users.id', 'group_members.user_id')
+    .select([
+      'users.id', 'users.username', 'users.username_key', 'users.email', 'users.first_name', 'users.last_name', 'users.role', 'users.groups',
+      'users.disabled', 'users.password_sign_in', 'users.version', 'users.created_at', 'users.updated_at', 'users.last_login_at', 'users.password_changed_at'
+    ])
+    .where('group_members.group_id', '=', groupId)
+    .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('users.username_key', 'users.id'), '>', tuple(after![0], after![1]))))
+    .orderBy('users.username_key')
+    .orderBy('users.id')
+    .limit(limit + 1)
+    .execute()
+  return rows.map(row => ({ user: toUser(row as PublicUserRow), username_key: row.username_key }))
+}
