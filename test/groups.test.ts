@@ -295,11 +295,13 @@ for (const dialect of dialects()) {
     it('gives an import\'s users their memberships, with one group.members_added per group listing them all', async () => {
       const name = uniqueName('imported')
       const existing = await createGroup({ display_name: uniqueName('existing') })
-      const res = await call('POST', '/api/users/import', { users: [
-        { username: uniqueName('imp'), groups: [name, existing.display_name] },
-        { username: uniqueName('imp'), groups: [name] },
-        { username: uniqueName('imp') }
-      ] })
+      const res = await call('POST', '/api/users/import', {
+        users: [
+          { username: uniqueName('imp'), groups: [name, existing.display_name] },
+          { username: uniqueName('imp'), groups: [name] },
+          { username: uniqueName('imp') }
+        ]
+      })
       assert.equal(res.statusCode, 200, res.body)
       const ids = (res.json().results as Array<{ id: string }>).map(r => r.id)
       const made = (await groupNamed(name))!
