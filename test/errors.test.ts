@@ -59,15 +59,16 @@ for (const dialect of dialects()) {
       const cases: Array<[string, string, RegExp]> = [
         ['application/json', '{"username": ', /ends early \(line 1, column 14\)/],
         // V8's own message for this one names no position, and quotes the body.
-        ['application/json', '{\n  "username": "ada",\n  "password": hunter2-secret\n}', /at line 3, column 15 \(character 38\)/],
-        ['application/json', '{"username": "ada",}', /at line 1, column 20 \(character 20\)/],
-        ['application/merge-patch+json', '{"username": "ada" "password": "x"}', /at line 1, column 20 \(character 20\)/]
+        ['application/json', '{\n  "username": "grace",\n  "password": hunter2-secret\n}', /at line 3, column 15 \(character 40\)/],
+        ['application/json', '{"username": "grace",}', /at line 1, column 22 \(character 22\)/],
+        ['application/merge-patch+json', '{"username": "grace" "password": "x"}', /at line 1, column 22 \(character 22\)/]
       ]
       for (const [type, payload, where] of cases) {
         const res = await post(type, payload)
         assertProblem(res, 400, 'malformed_body')
         assert.match(res.json().detail, where, payload)
-        assert.ok(!res.body.includes('hunter2') && !res.body.includes('ada'), res.body)
+        // Not "ada": the answer's request_id, a random UUID, may hold those hex letters.
+        assert.ok(!res.body.includes('hunter2') && !res.body.includes('grace'), res.body)
       }
     })
 

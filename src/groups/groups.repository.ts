@@ -1,6 +1,6 @@
 import { sql, type Selectable, type Updateable } from 'kysely'
 import { isPostgres, toIso, type Db, type GroupsTable } from '../db/database.ts'
-import { toUser, type PublicUserRow } from '../users/users.repository.ts'
+import { PUBLIC_USER_COLUMNS, toUser } from '../users/users.repository.ts'
 import type { User } from '../users/users.schemas.ts'
 import type { Group } from './groups.schemas.ts'
 
@@ -172,15 +172,12 @@ export async function listGroups (db: Db, filter: GroupFilter, limit: number, af
 export async function listGroupMembers (db: Db, groupId: string, limit: number, after: [string, string] | undefined): Promise<Array<{ user: User, username_key: string }>> {
   const rows = await db.selectFrom('group_members')
     .innerJoin('users', 'users.id', 'group_members.user_id')
-    .select([
-      'users.id', 'users.username', 'users.username_key', 'users.email', 'users.first_name', 'users.last_name', 'users.role', 'users.groups',
-      'users.disabled', 'users.password_sign_in', 'users.version', 'users.created_at', 'users.updated_at', 'users.last_login_at', 'users.password_changed_at'
-    ])
+    .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
     .where('group_members.group_id', '=', groupId)
     .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('users.username_key', 'users.id'), '>', tuple(after![0], after![1]))))
     .orderBy('users.username_key')
     .orderBy('users.id')
     .limit(limit + 1)
     .execute()
-  return rows.map(row => ({ user: toUser(row as PublicUserRow), username_key: row.username_key }))
+  return rows.map(row => ({ user: toUser(row), username_key: row.username_key }))
 }

@@ -38,11 +38,13 @@ export interface NewUserRow {
 }
 
 /** The columns a User is made of: never the password hash. */
-const PUBLIC_COLUMNS = [
+export const PUBLIC_COLUMNS = [
   'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
   'email_verified', 'invitation_pending', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
 ] as const
 export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
+/** The same columns, qualified, for a query that joins users to another table. */
+export const PUBLIC_USER_COLUMNS = PUBLIC_COLUMNS.map(column => `users.${column}` as const)
 
 export async function insertUser (db: Db, row: NewUserRow): Promise<PublicUserRow> {
   return await db.insertInto('users').values(row).returning(PUBLIC_COLUMNS).executeTakeFirstOrThrow()
