@@ -172,7 +172,7 @@ export interface Config {
 }
 
 /** The security notices, as MAIL_NOTICES names them. */
-export const NOTICE_KINDS = ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'new_device_sign_in'] as const
+export const NOTICE_KINDS = ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'username_changed', 'new_device_sign_in'] as const
 export type NoticeKind = typeof NOTICE_KINDS[number]
 
 export class ConfigError extends Error {}

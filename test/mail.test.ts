@@ -97,7 +97,7 @@ describe('mail settings', () => {
     assert.throws(() => loadConfig({ ...smtpEnv, PUBLIC_URL: 'pipelines.example.test' }), ConfigError)
     const config = loadConfig(smtpEnv)
     assert.equal(config.smtpRequireTls, true, 'STARTTLS is required by default')
-    assert.deepEqual(config.mailNotices, ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'new_device_sign_in'])
+    assert.deepEqual(config.mailNotices, ['password_changed', 'factor_added', 'factor_removed', 'email_changed', 'username_changed', 'new_device_sign_in'])
     assert.equal(loadConfig({ ...smtpEnv, SMTP_REQUIRE_TLS: 'false' }).smtpRequireTls, false)
   })
 
@@ -220,6 +220,17 @@ for (const dialect of dialects()) {
       assert.ok(notice.html.includes(`<strong>${newEmail.replace('&', '&amp;').replace("'", '&#39;')}</strong>`), notice.html)
       const queued = await outboxOf(t, user.id)
       assert.deepEqual(queued.map(m => m.template), ['email_changed'])
+    })
+
+    it('mails "username changed" to the account, naming the old and the new name', async () => {
+      const user = await createUser(t)
+      const renamed = `${user.username}_r`
+      await patchUser(t, user.id, { username: renamed })
+      const notice = await smtp.waitForMail(user.email!)
+      assert.equal(notice.subject, 'Pipelines: the username of your account was changed')
+      assert.match(notice.text, new RegExp(`from\\s+${user.username} to ${renamed}\\.`))
+      assert.ok(notice.html.includes(`<strong>${user.username}</strong> to <strong>${renamed}</strong>`), notice.html)
+      assert.deepEqual((await outboxOf(t, user.id)).map(m => m.template), ['username_changed'])
     })
 
     it('mails "sign-in from a new device" for a browser without the account\'s device cookie at an address not used before; not for the first sign-in, a known address or a known browser', async () => {

@@ -166,6 +166,9 @@ function noticesOf (event: RecordedEvent): Array<{ kind: NoticeKind, to?: string
   const email = changes?.email as { from: string | null, to: string | null } | undefined
   // To the address it was changed from: the owner there is who must hear of it.
   if (email !== undefined && typeof email.from === 'string') notices.push({ kind: 'email_changed', to: email.from, data: { new_email: email.to ?? '' } })
+  // A new name is what the account is signed in with from now on (ASVS 5.0 6.3.6 names it beside the address).
+  const username = changes?.username as { from: string, to: string } | undefined
+  if (username !== undefined) notices.push({ kind: 'username_changed', data: { old_username: username.from } })
   if (FACTOR_ADDED[event.type] !== undefined) notices.push({ kind: 'factor_added', data: { factor: FACTOR_ADDED[event.type], [`factor_${FACTOR_ADDED[event.type]!}`]: true } })
   if (FACTOR_REMOVED[event.type] !== undefined) notices.push({ kind: 'factor_removed', data: { factor: FACTOR_REMOVED[event.type], [`factor_${FACTOR_REMOVED[event.type]!}`]: true } })
   if (event.type === 'user.login_succeeded' && event.data.new_device === true) notices.push({ kind: 'new_device_sign_in', data: {} })
