@@ -174,7 +174,7 @@ export async function listGroupMembers (db: Db, groupId: string, limit: number, 
     .innerJoin('users', 'users.id', 'group_members.user_id')
     .select([
       'users.id', 'users.username', 'users.username_key', 'users.email', 'users.first_name', 'users.last_name', 'users.role', 'users.groups',
-      'users.disabled', 'users.password_sign_in', 'users.version', 'users.created_at', 'users.updated_at', 'users.last_login_at', 'users.password_changed_at'
+      'users.disabled', 'users.password_sign_in', 'users.email_verified', 'users.invitation_pending', 'users.version', 'users.created_at', 'users.updated_at', 'users.last_login_at', 'users.password_changed_at'
     ])
     .where('group_members.group_id', '=', groupId)
     .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('users.username_key', 'users.id'), '>', tuple(after![0], after![1]))))

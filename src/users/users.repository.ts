@@ -169,6 +169,10 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   const cmp = direction === 'asc' ? '>' : '<'
   return db.selectFrom('users')
     .select([...PUBLIC_COLUMNS, 'username_key'])
+    // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
+    // indexes answer the LIKE below directly), then the LIKE decides, so the
+    // result is exactly what the scan returned (migration 0016).
+    .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
     .$if(has.q === true, q => q.where(eb => eb.or([
       eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
       eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
@@ -191,10 +195,13 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .limit(param('limit_plus_one'))
 }
 
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): PageShape {
+function pageShape (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): PageShape {
   const [column, direction] = SORT_COLUMNS[sort]
+  const needle = filter.q?.toLowerCase()
   const has = {
-    q: filter.q !== undefined,
+    q: needle !== undefined,
+    // Trigrams need three characters; a shorter needle is answered by the scan alone.
+    trigrams: needle !== undefined && !isPostgres(db) && [...needle].length >= 3,
     username: filter.username !== undefined,
     email: filter.email !== undefined,
     role: filter.role !== undefined,
@@ -207,7 +214,8 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
     direction,
     shape: `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}`,
     values: {
-      needle: filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined,
+      needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
+      phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
       username_key: filter.username?.toLowerCase(),
       email_key: filter.email?.toLowerCase(),
       role: filter.role,
@@ -229,7 +237,7 @@ export type UserListRow = PublicUserRow & { username_key: string }
  * exactly once), one more than `limit` when another page follows.
  */
 export async function listUserRows (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserListRow[]> {
-  const { shape, values, page } = pageShape(filter, sort, limit, after)
+  const { shape, values, page } = pageShape(db, filter, sort, limit, after)
   return await executePrepared(db, `${shape}:rows`, param => page(db, param), values) as UserListRow[]
 }
 
@@ -249,7 +257,7 @@ export function sortColumnOf (sort: Sort): PageShape['column'] {
  * it is cut from the text below.
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
-  const { column, shape, values, page } = pageShape(filter, sort, limit, after)
+  const { column, shape, values, page } = pageShape(db, filter, sort, limit, after)
   // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
   // subquery's order (it runs it as a co-routine and cannot flatten it into
   // an aggregate).
@@ -303,6 +311,11 @@ const USER_JSON_SQLITE = sql<string>`json_object(
   'invitation_pending', json(case when invitation_pending then 'true' else 'false' end),
   'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
   'password_changed_at', password_changed_at)`
+
+/** The needle as one FTS5 phrase: every character literal, quotes doubled. */
+function ftsPhrase (value: string): string {
+  return `"${value.replaceAll('"', '""')}"`
+}
 
 function escapeLike (value: string): string {
   return value.replace(/[\\%_]/g, c => `\\${c}`)
