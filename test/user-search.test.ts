@@ -42,11 +42,12 @@ async function listAll (t: TestApp, query: string): Promise<string[]> {
   let url: string | undefined = `/auth/api/users?limit=7&${query}`
   for (let pages = 0; url !== undefined; pages++) {
     assert.ok(pages < 1000, 'paging ends')
-    const res = await t.app.inject({ url, headers: auth(t.adminKey) })
+    const res = await t.app.inject({ url: url as string, headers: auth(t.adminKey) })
     assert.equal(res.statusCode, 200, res.body)
     ids.push(...res.json().map((u: { id: string }) => u.id))
     const link = res.headers.link as string | undefined
-    url = link !== undefined ? /^<([^>]+)>; rel="next"$/.exec(link)![1] : undefined
+    const next: string | undefined = link !== undefined ? /^<([^>]+)>; rel="next"$/.exec(link)![1] : undefined
+    url = next
   }
   return ids
 }

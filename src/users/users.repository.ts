@@ -238,7 +238,8 @@ export type UserListRow = PublicUserRow & { username_key: string }
  */
 export async function listUserRows (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserListRow[]> {
   const { shape, values, page } = pageShape(db, filter, sort, limit, after)
-  return await executePrepared(db, `${shape}:rows`, param => page(db, param), values) as UserListRow[]
+  // A search is planned with its needle, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
+  return await executePrepared(db, `${shape}:rows`, param => page(db, param), values, { serverPrepared: filter.q === undefined }) as UserListRow[]
 }
 
 /** The column a sort orders by, whose value (with the id) is the keyset position. */

@@ -39,7 +39,10 @@ export async function up (db: Kysely<any>): Promise<void> {
     const trgm = await trigramSchema(db)
     if (trgm === undefined) return
     for (const [name, expression] of SEARCHED_PG) {
-      await sql`create index ${sql.id(`users_search_${name}_trgm`)} on users using gin ((${sql.raw(expression)}) ${sql.id(trgm)}.gin_trgm_ops)`.execute(db)
+      // fastupdate off: new rows go into the index at once, not into a pending list that every
+      // search reads through until a vacuum. With it on, 100,000 users inserted after the index
+      // made the planner prefer a scan (23 ms against 0.2 ms once vacuumed).
+      await sql`create index ${sql.id(`users_search_${name}_trgm`)} on users using gin ((${sql.raw(expression)}) ${sql.id(trgm)}.gin_trgm_ops) with (fastupdate = off)`.execute(db)
     }
     return
   }
