@@ -16,12 +16,13 @@
  * Rows are seeded by SQL (a recursive CTE on SQLite, generate_series on
  * PostgreSQL), the same rows on both. PostgreSQL (BENCH_DATABASE_URL) gets a
  * schema of its own, dropped at the end. Prints the query plans of the shapes
- * measured, then a table; writes nothing else.
+ * measured (once the first size of events is in), then a table; writes
+ * nothing else.
  */
 import { mkdtempSync, rmSync } from 'node:fs'
 import { loadavg, tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { sql } from 'kysely'
+import { sql, type RawBuilder } from 'kysely'
 import { buildApp } from '../src/app.ts'
 import { bootstrap } from '../src/bootstrap.ts'
 import { defaultConfig } from '../src/config.ts'
@@ -158,45 +159,42 @@ async function measure (app: FastifyTypeBox, base: string, key: string, engine: 
   return { engine, shape: shape.name, size, n: times.length, p50: q(0.5), p99: q(0.99), max: times[times.length - 1]!, rows: Math.round(rows / times.length), load: loads() }
 }
 
-/** The plans of the users-list shapes measured, as the server runs them (on PostgreSQL: the generic plan of a prepared statement). */
+/** The SQL of users.repository.ts's page query for a search, to explain. */
+const SEARCH_PG = "(username_key like '%user012345%' escape '\\' or email_key like '%user012345%' escape '\\' or lower(first_name) like '%user012345%' escape '\\' or lower(last_name) like '%user012345%' escape '\\')"
+const GROUP_WHERE = 'users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = $1))'
+
+/**
+ * The plans of the shapes measured, as the server runs them: on PostgreSQL a
+ * search is planned with its values (sent unnamed), the rest generically
+ * (named statements, after their fifth run).
+ */
 async function plans (db: Db, engine: string): Promise<void> {
-  const like = (p: string): string => `(username_key like ${p} escape '\\' or email_key like ${p} escape '\\' or lower(first_name) like ${p} escape '\\' or lower(last_name) like ${p} escape '\\')`
-  const cols = 'id, username, created_at'
-  const queries: Array<[string, string, unknown[]]> = isPostgres(db)
-    ? [
-        ['q (pg_trgm)', `select ${cols} from users where ${like('$1')} order by created_at, id limit $2`, ['%user012345%', 51]],
-        ['group', `select ${cols} from users where users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = $1)) order by created_at, id limit $2`, ['tiny', 51]],
-        ['role', `select ${cols} from users where role = $1 order by created_at, id limit $2`, ['admin', 51]],
-        ['events actor', 'select id from events where actor_id = $1 order by id desc limit $2', [userId(5), 101]]
-      ]
-    : [
-        ['q (fts5 + like)', `select ${cols} from users where users.rowid in (select users_search.rowid from users_search where users_search match ?) and ${like('?')} order by created_at, id limit ?`, ['"user012345"', '%user012345%', 51]],
-        ['group', `select ${cols} from users where users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ?)) order by created_at, id limit ?`, ['tiny', 51]],
-        ['role', `select ${cols} from users where role = ? order by created_at, id limit ?`, ['admin', 51]],
-        ['events actor', 'select id from events where actor_id = ? order by id desc limit ?', [userId(5), 101]]
-      ]
-  for (const [name, text, values] of queries) {
-    let plan: string
-    if (isPostgres(db) && name.startsWith('q')) {
-      // Sent unnamed by the server (db/prepared.ts): planned with its values.
-      const inlined = text.replace(/\$(\d+)/g, (_, n: string) => { const v = values[Number(n) - 1]; return typeof v === 'number' ? String(v) : `'${String(v)}'` })
-      plan = (await sql.raw<{ 'QUERY PLAN': string }>(`explain ${inlined}`).execute(db)).rows.map(r => r['QUERY PLAN']).join('\n    ')
-    } else if (isPostgres(db)) {
-      const literal = values.map(v => typeof v === 'number' ? String(v) : `'${String(v)}'`)
-      await sql.raw('set plan_cache_mode = force_generic_plan').execute(db)
-      await sql.raw(`prepare bench_plan as ${text}`).execute(db)
-      const rows = (await sql.raw<{ 'QUERY PLAN': string }>(`explain execute bench_plan(${literal.join(', ')})`).execute(db)).rows
-      await sql.raw('deallocate bench_plan').execute(db)
+  const explained: Array<[string, string[]]> = []
+  if (isPostgres(db)) {
+    const rows = async (text: string): Promise<string[]> => (await sql.raw<{ 'QUERY PLAN': string }>(text).execute(db)).rows.map(r => r['QUERY PLAN'])
+    explained.push(['q (pg_trgm), planned with the needle', await rows(`explain select id from users where ${SEARCH_PG} order by created_at, id limit 51`)])
+    await sql.raw('set plan_cache_mode = force_generic_plan').execute(db)
+    try {
+      for (const [name, prepare, execute] of [
+        ['group (generic plan)', `prepare bench_plan (text, int) as select id from users where ${GROUP_WHERE} order by created_at, id limit $2`, "explain execute bench_plan('tiny', 51)"],
+        ['role (generic plan)', 'prepare bench_plan (text, int) as select id from users where role = $1 order by created_at, id limit $2', "explain execute bench_plan('admin', 51)"],
+      ] as const) {
+        await sql.raw(prepare).execute(db)
+        explained.push([name, await rows(execute)])
+        await sql.raw('deallocate bench_plan').execute(db)
+      }
+    } finally {
       await sql.raw('reset plan_cache_mode').execute(db)
-      plan = rows.map(r => r['QUERY PLAN']).join('\n    ')
-    } else {
-      let i = 0
-      const inlined = text.replace(/\?/g, () => { const v = values[i++]; return typeof v === 'number' ? String(v) : `'${String(v)}'` })
-      const rows = (await sql.raw<{ detail: string }>(`explain query plan ${inlined}`).execute(db)).rows
-      plan = rows.map(r => r.detail).join('\n    ')
     }
-    log(`${engine} plan, ${name}:\n    ${plan}`)
+  } else {
+    const detail = async (query: RawBuilder<unknown>): Promise<string[]> => (await query.execute(db)).rows.map(r => (r as { detail: string }).detail)
+    const like = (needle: string) => sql`(username_key like ${needle} escape '\' or email_key like ${needle} escape '\' or lower(first_name) like ${needle} escape '\' or lower(last_name) like ${needle} escape '\')`
+    explained.push(['q (fts5 candidates, then the like)', await detail(sql`explain query plan select id from users where users.rowid in (select users_search.rowid from users_search where users_search match ${'"user012345"'}) and ${like('%user012345%')} order by created_at, id limit 51`)])
+    explained.push(['group', await detail(sql`explain query plan select id from users where users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ${'tiny'})) order by created_at, id limit 51`)])
+    explained.push(['role', await detail(sql`explain query plan select id from users where role = ${'admin'} order by created_at, id limit 51`)])
+    explained.push(['events by actor', await detail(sql`explain query plan select id from events where actor_id = ${userId(5)} order by id desc limit 101`)])
   }
+  for (const [name, plan] of explained) log(`${engine} plan, ${name}:\n    ${plan.join('\n    ')}`)
 }
 
 async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
@@ -220,7 +218,6 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
     const address = app.server.address()
     if (address === null || typeof address === 'string') throw new Error('no port')
     const base = `http://127.0.0.1:${address.port}`
-    await plans(app.db, engine)
     for (const shape of shapes(false)) {
       const row = await measure(app, base, key, engine, `${fmt(USERS)} users`, shape)
       log(`${engine} ${row.shape}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)
@@ -232,6 +229,7 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
       await seedEvents(app.db, seeded, size)
       seeded = size
       log(`${engine}: events now ${fmt(size)}, seeded in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
+      if (size === EVENT_SIZES[0]) await plans(app.db, engine)
       for (const shape of shapes(true)) {
         const row = await measure(app, base, key, engine, `${fmt(size)} events`, shape)
         log(`${engine} ${row.shape} at ${fmt(size)}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
+import type { LightMyRequestResponse } from 'fastify'
 import fc from 'fast-check'
 import { auth, dialects, useTestApp } from './helpers.ts'
 import type { TestApp } from './helpers.ts'
@@ -42,7 +43,7 @@ async function listAll (t: TestApp, query: string): Promise<string[]> {
   let url: string | undefined = `/auth/api/users?limit=7&${query}`
   for (let pages = 0; url !== undefined; pages++) {
     assert.ok(pages < 1000, 'paging ends')
-    const res = await t.app.inject({ url: url as string, headers: auth(t.adminKey) })
+    const res: LightMyRequestResponse = await t.app.inject({ url, headers: auth(t.adminKey) })
     assert.equal(res.statusCode, 200, res.body)
     ids.push(...res.json().map((u: { id: string }) => u.id))
     const link = res.headers.link as string | undefined
