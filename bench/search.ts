@@ -17,7 +17,8 @@
  * PostgreSQL), the same rows on both. PostgreSQL (BENCH_DATABASE_URL) gets a
  * schema of its own, dropped at the end. Prints the query plans of the shapes
  * measured (once the first size of events is in), then a table; writes
- * nothing else.
+ * nothing else. BENCH_ENGINES=sqlite (or postgres) runs one; BENCH_EVENTS=0
+ * skips the events.
  */
 import { mkdtempSync, rmSync } from 'node:fs'
 import { loadavg, tmpdir } from 'node:os'
@@ -250,8 +251,11 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
 
 async function main (): Promise<void> {
   log(`start, load ${loads()}; ${fmt(USERS)} users, events ${EVENT_SIZES.map(n => fmt(n)).join(' then ')}, ${SAMPLES} samples a shape`)
-  const rows = await runEngine('sqlite')
-  if (POSTGRES_URL !== undefined && POSTGRES_URL !== '') {
+  const engines = (process.env.BENCH_ENGINES ?? 'sqlite,postgres').split(',')
+  const rows = engines.includes('sqlite') ? await runEngine('sqlite') : []
+  if (!engines.includes('postgres')) {
+    log('PostgreSQL skipped: not in BENCH_ENGINES')
+  } else if (POSTGRES_URL !== undefined && POSTGRES_URL !== '') {
     const why = await postgresReachable(POSTGRES_URL)
     if (why === undefined) rows.push(...await runEngine('postgres'))
     else log(`PostgreSQL skipped: ${why}`)
