@@ -21,23 +21,32 @@ export async function executePrepared<Row> (
   db: Db,
   shape: string,
   build: (param: (name: string) => any) => Compilable<Row>,
-  values: Record<string, unknown>
+  values: Record<string, unknown>,
+  /**
+   * PostgreSQL: false sends the text unnamed, so that it is planned with its
+   * values every time. A named statement is planned generically after five
+   * runs, with the values unknown: for `LIKE '%…%'` that plan walked the
+   * sort's index and filtered every row instead of asking the trigram
+   * indexes (users.repository.ts).
+   */
+  options: { serverPrepared?: boolean } = {}
 ): Promise<Row[]> {
   let perDb = templates.get(db)
   if (perDb === undefined) {
     perDb = new Map()
     templates.set(db, perDb)
   }
-  let template = perDb.get(shape)
+  const key = options.serverPrepared === false ? `${shape}:unnamed` : shape
+  let template = perDb.get(key)
   if (template === undefined) {
     const compiled = build(name => SENTINEL + name).compile()
     template = {
       // PostgreSQL: also a named prepared statement on each connection, so it is parsed and planned once there.
-      sql: isPostgres(db) ? PREPARE_MARK + compiled.sql : compiled.sql,
+      sql: isPostgres(db) && options.serverPrepared !== false ? PREPARE_MARK + compiled.sql : compiled.sql,
       slots: compiled.parameters.map(p =>
         typeof p === 'string' && p.startsWith(SENTINEL) ? { name: p.slice(SENTINEL.length) } : { value: p })
     }
-    perDb.set(shape, template)
+    perDb.set(key, template)
   }
   const parameters = template.slots.map(slot => {
     if ('value' in slot) return slot.value

@@ -171,6 +171,10 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   const cmp = direction === 'asc' ? '>' : '<'
   return db.selectFrom('users')
     .select([...PUBLIC_COLUMNS, 'username_key'])
+    // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
+    // indexes answer the LIKE below directly), then the LIKE decides, so the
+    // result is exactly what the scan returned (migration 0016).
+    .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
     .$if(has.q === true, q => q.where(eb => eb.or([
       eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
       eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
@@ -193,10 +197,12 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .limit(param('limit_plus_one'))
 }
 
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): PageShape {
+function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
   const [column, direction] = SORT_COLUMNS[sort]
+  const needle = filter.q?.toLowerCase()
   const has = {
-    q: filter.q !== undefined,
+    q: needle !== undefined,
+    trigrams,
     username: filter.username !== undefined,
     email: filter.email !== undefined,
     role: filter.role !== undefined,
@@ -209,7 +215,8 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
     direction,
     shape: `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}`,
     values: {
-      needle: filter.q !== undefined ? `%${escapeLike(filter.q.toLowerCase())}%` : undefined,
+      needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
+      phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
       username_key: filter.username?.toLowerCase(),
       email_key: filter.email?.toLowerCase(),
       role: filter.role,
@@ -232,7 +239,29 @@ export type UserListRow = PublicUserRow & { username_key: string }
  */
 export async function listUserRows (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserListRow[]> {
   const { shape, values, page } = pageShape(filter, sort, limit, after)
-  return await executePrepared(db, `${shape}:rows`, param => page(db, param), values) as UserListRow[]
+  // A search is planned with its needle, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
+  return await executePrepared(db, `${shape}:rows`, param => page(db, param), values, { serverPrepared: filter.q === undefined }) as UserListRow[]
+}
+
+/**
+ * Up to this many users matching a search, a page is read from the trigram
+ * index's candidates (SQLite, migration 0016), sorted; beyond, by walking the
+ * sort's index and testing each user, which stops after the page is full:
+ * at 1,000,000 users, the candidates of a name one user in eight holds took
+ * 716 ms p99 to sort, against a few ms to walk.
+ */
+const TRIGRAM_CANDIDATES_MAX = 2000
+
+/** Whether a search on SQLite should start from the trigram index: its needle has a trigram, and few users hold it. */
+async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boolean> {
+  if (q === undefined) return false
+  const needle = q.toLowerCase()
+  // Trigrams need three characters; a shorter needle is answered by the scan alone.
+  if ([...needle].length < 3) return false
+  const [row] = await executePrepared(db, 'users_search_candidates', param =>
+    db.selectFrom(sql<{ rowid: number }>`(select rowid from users_search where users_search match ${param('phrase')} limit ${param('max')})`.as('c'))
+      .select(sql<number>`count(*)`.as('n')), { phrase: ftsPhrase(needle), max: TRIGRAM_CANDIDATES_MAX })
+  return Number(row?.n ?? 0) < TRIGRAM_CANDIDATES_MAX
 }
 
 /** The column a sort orders by, whose value (with the id) is the keyset position. */
@@ -251,7 +280,7 @@ export function sortColumnOf (sort: Sort): PageShape['column'] {
  * it is cut from the text below.
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
-  const { column, shape, values, page } = pageShape(filter, sort, limit, after)
+  const { column, shape, values, page } = pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
   // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
   // subquery's order (it runs it as a co-routine and cannot flatten it into
   // an aggregate).
@@ -305,6 +334,11 @@ const USER_JSON_SQLITE = sql<string>`json_object(
   'invitation_pending', json(case when invitation_pending then 'true' else 'false' end),
   'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
   'password_changed_at', password_changed_at)`
+
+/** The needle as one FTS5 phrase: every character literal, quotes doubled. */
+function ftsPhrase (value: string): string {
+  return `"${value.replaceAll('"', '""')}"`
+}
 
 function escapeLike (value: string): string {
   return value.replace(/[\\%_]/g, c => `\\${c}`)

@@ -1,0 +1,272 @@
+/**
+ * `npm run bench:search` (issue 20's search and event rows): the latency of
+ * single requests, one at a time, among 1,000,000 users and millions of
+ * events, on SQLite and PostgreSQL, in one run, with the load average.
+ *
+ * - `q=` (trigram indexes, migration 0016), `group=` and `role=` on
+ *   GET /api/users at BENCH_USERS users (default 1,000,000);
+ * - GET /api/events?actor_id= and ?target_id= at each size in BENCH_EVENTS
+ *   (default 1,000,000 then 10,000,000: the second size shows whether the cost
+ *   grows with the table).
+ *
+ * Every timed request comes after an untimed write to a table of the bench's
+ * own, so the users page cache never answers: these are reads of the database.
+ * The app runs in this process (buildApp, as the tests build it) behind a real
+ * socket on 127.0.0.1; the client is fetch, one request at a time.
+ * Rows are seeded by SQL (a recursive CTE on SQLite, generate_series on
+ * PostgreSQL), the same rows on both. PostgreSQL (BENCH_DATABASE_URL) gets a
+ * schema of its own, dropped at the end. Prints the query plans of the shapes
+ * measured (once the first size of events is in), then a table; writes
+ * nothing else. BENCH_ENGINES=sqlite (or postgres) runs one; BENCH_EVENTS=0
+ * skips the events.
+ */
+import { mkdtempSync, rmSync } from 'node:fs'
+import { loadavg, tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { sql, type RawBuilder } from 'kysely'
+import { buildApp } from '../src/app.ts'
+import { bootstrap } from '../src/bootstrap.ts'
+import { defaultConfig } from '../src/config.ts'
+import { isPostgres, type Db } from '../src/db/database.ts'
+import type { FastifyTypeBox } from '../src/lib/http.ts'
+import { envInt, fmt, log } from './harness.ts'
+import { dropSchema, postgresReachable } from './issue-rows.ts'
+
+const USERS = envInt('BENCH_USERS', 1_000_000)
+const EVENT_SIZES = (process.env.BENCH_EVENTS ?? '1000000,10000000').split(',').map(Number).filter(n => n > 0)
+const SAMPLES = envInt('BENCH_SAMPLES', 100)
+/** A shape that is slow (a scan) stops after this long, with the samples it has. */
+const BUDGET_MS = envInt('BENCH_BUDGET_MS', 15_000)
+const POSTGRES_URL = process.env.BENCH_DATABASE_URL
+
+const FIRST = ['Ada', 'Grace', 'Alan', 'Edsger', 'Barbara', 'Donald', 'Frances', 'Ken']
+const LAST = ['Lovelace', 'Hopper', 'Turing', 'Dijkstra', 'Liskov', 'Knuth', 'Allen', 'Thompson']
+
+const loads = (): string => loadavg().map(n => n.toFixed(2)).join(' ')
+const userId = (i: number): string => `00000000-0000-7000-8000-${String(i).padStart(12, '0')}`
+
+interface Shape { name: string, path: (k: number) => string }
+
+/** The requests measured; k varies the needle or the id so that no two requests are alike. */
+function shapes (events: boolean): Shape[] {
+  const pick = (k: number, n: number): number => (k * 7919 + 13) % n
+  if (events) {
+    return [
+      // 1,000 actors: each acted in one event of 1,000.
+      { name: 'events actor_id= (1 in 1,000 events)', path: k => `/auth/api/events?actor_id=${userId(pick(k, 1000))}` },
+      // Targets spread over every user: about (events / users) each.
+      { name: 'events target_id= (a few events each)', path: k => `/auth/api/events?target_id=${userId(pick(k, USERS))}` }
+    ]
+  }
+  return [
+    // bench.user0123456: ten usernames (and their e-mails) contain user012345.
+    { name: 'q= 10 matches (user012345)', path: k => `/auth/api/users?limit=50&q=user${String(pick(k, USERS / 10)).padStart(6, '0')}` },
+    { name: 'q= 1,000 matches (er0012)', path: k => `/auth/api/users?limit=50&q=er${String(pick(k, USERS / 1000)).padStart(4, '0')}` },
+    { name: 'q= no match (zqx…)', path: k => `/auth/api/users?limit=50&q=zqx${k}` },
+    { name: 'q= 1 in 8 users (hopper, ...)', path: k => `/auth/api/users?limit=50&q=${LAST[k % 8]!.toLowerCase()}` },
+    { name: 'q= 2 chars, no match (scan)', path: k => `/auth/api/users?q=${String.fromCharCode(113 + (k % 3))}${String.fromCharCode(120 + (k % 2))}&limit=${1 + (k % 100)}` },
+    { name: 'group= 10,000 members (g0..g99)', path: k => `/auth/api/users?limit=50&group=g${k % 100}` },
+    { name: 'group= 10 members (tiny)', path: () => '/auth/api/users?limit=50&group=tiny' },
+    { name: 'role=admin (1 in 1,000)', path: () => '/auth/api/users?limit=50&role=admin' },
+    { name: 'role=user (-created_at)', path: () => '/auth/api/users?limit=50&role=user&sort=-created_at' },
+    { name: 'role=admin sort=username', path: () => '/auth/api/users?limit=50&role=admin&sort=username' }
+  ]
+}
+
+async function seedUsers (db: Db, count: number): Promise<void> {
+  const pgsql = isPostgres(db)
+  const trigramIndexes = ['username', 'email', 'first_name', 'last_name'].map(c => sql.id(`users_search_${c}_trgm`))
+  if (pgsql) {
+    // The trigram indexes take new rows one at a time (fastupdate off, migration 0016); for the
+    // seed they gather them and merge once (the vacuum below), as building them on a full table would.
+    for (const index of trigramIndexes) await sql`alter index ${index} set (fastupdate = on)`.execute(db)
+    await sql`insert into users (id, username, username_key, email, email_key, first_name, last_name, role, groups, disabled, version, created_at, updated_at)
+      select ('00000000-0000-7000-8000-' || lpad(i::text, 12, '0'))::uuid,
+        'Bench.User' || lpad(i::text, 7, '0'), 'bench.user' || lpad(i::text, 7, '0'),
+        'Bench.User' || lpad(i::text, 7, '0') || '@Example.org', 'bench.user' || lpad(i::text, 7, '0') || '@example.org',
+        (${sql.lit(`{${FIRST.join(',')}}`)}::text[])[i % 8 + 1], (${sql.lit(`{${LAST.join(',')}}`)}::text[])[i % 8 + 1],
+        case when i % 1000 = 0 then 'admin' else 'user' end,
+        case when i % 100000 = 7 then jsonb_build_array('g' || (i % 100), 'tiny') else jsonb_build_array('g' || (i % 100)) end,
+        false, 1, timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second', timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second'
+      from generate_series(0, ${count - 1}::int) as i`.execute(db)
+  } else {
+    await sql`with recursive n(i) as (select 0 union all select i + 1 from n where i + 1 < ${count})
+      insert into users (id, username, username_key, email, email_key, first_name, last_name, role, groups, disabled, version, created_at, updated_at)
+      select '00000000-0000-7000-8000-' || printf('%012d', i),
+        'Bench.User' || printf('%07d', i), 'bench.user' || printf('%07d', i),
+        'Bench.User' || printf('%07d', i) || '@Example.org', 'bench.user' || printf('%07d', i) || '@example.org',
+        json_extract(${JSON.stringify(FIRST)}, '$[' || (i % 8) || ']'), json_extract(${JSON.stringify(LAST)}, '$[' || (i % 8) || ']'),
+        case when i % 1000 = 0 then 'admin' else 'user' end,
+        case when i % 100000 = 7 then json_array('g' || (i % 100), 'tiny') else json_array('g' || (i % 100)) end,
+        0, 1, strftime('%Y-%m-%dT%H:%M:%fZ', 1704067200 + i, 'unixepoch'), strftime('%Y-%m-%dT%H:%M:%fZ', 1704067200 + i, 'unixepoch')
+      from n`.execute(db)
+  }
+  const groupId = (k: number): string => `00000000-0000-7000-9000-${String(k).padStart(12, '0')}`
+  const now = new Date().toISOString()
+  await db.insertInto('groups').values([...Array.from({ length: 100 }, (_, k) => ({ id: groupId(k), display_name: `g${k}` })), { id: groupId(100), display_name: 'tiny' }]
+    .map(g => ({ ...g, external_id: null, version: 1, created_at: now, updated_at: now }))).execute()
+  if (pgsql) {
+    await sql`insert into group_members (group_id, user_id) select g.id, u.id from users u cross join lateral jsonb_array_elements_text(u.groups) as l(name) join groups g on g.display_name = l.name`.execute(db)
+    await sql`vacuum analyze users`.execute(db)
+    for (const index of trigramIndexes) await sql`alter index ${index} set (fastupdate = off)`.execute(db)
+    await sql`analyze`.execute(db)
+  } else {
+    await sql`insert into group_members (group_id, user_id) select g.id, u.id from users u, json_each(u.groups) l join groups g on g.display_name = l.value`.execute(db)
+    await sql`analyze`.execute(db)
+  }
+}
+
+/** Events from..to-1: actor among 1,000 users, target spread over every user, ids in time order. */
+async function seedEvents (db: Db, from: number, to: number): Promise<void> {
+  if (isPostgres(db)) {
+    await sql`insert into events (id, type, occurred_at, actor_type, actor_id, target_type, target_id, data)
+      select ('00000000-0000-7000-a000-' || lpad(i::text, 12, '0'))::uuid, 'user.updated', timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second',
+        'user', '00000000-0000-7000-8000-' || lpad(((i * 7919 + 13) % 1000)::text, 12, '0'),
+        'user', '00000000-0000-7000-8000-' || lpad(((i::bigint * 104729 + 7) % ${USERS})::text, 12, '0'), '{}'::jsonb
+      from generate_series(${from}::bigint, ${to - 1}::bigint) as i`.execute(db)
+  } else {
+    await sql`with recursive n(i) as (select ${from} union all select i + 1 from n where i + 1 < ${to})
+      insert into events (id, type, occurred_at, actor_type, actor_id, target_type, target_id, data)
+      select '00000000-0000-7000-a000-' || printf('%012d', i), 'user.updated', strftime('%Y-%m-%dT%H:%M:%fZ', 1704067200 + i, 'unixepoch'),
+        'user', '00000000-0000-7000-8000-' || printf('%012d', (i * 7919 + 13) % 1000),
+        'user', '00000000-0000-7000-8000-' || printf('%012d', (i * 104729 + 7) % ${USERS}), '{}'
+      from n`.execute(db)
+  }
+  await sql`analyze events`.execute(db)
+}
+
+interface Row { engine: string, shape: string, size: string, n: number, p50: number, p99: number, max: number, rows: number, load: string }
+
+async function measure (app: FastifyTypeBox, base: string, key: string, engine: string, size: string, shape: Shape): Promise<Row> {
+  const times: number[] = []
+  let rows = 0
+  const started = performance.now()
+  // Two untimed requests first: the statement is prepared, the pages it reads are in memory.
+  for (let k = -2; k < SAMPLES; k++) {
+    // A write between requests: the page cache's change stamp moves, so the read goes to the database.
+    await sql`update bench_tick set n = n + 1`.execute(app.db)
+    const t0 = performance.now()
+    const url = base + shape.path(k + 2)
+    // An untimed request may find its kept-alive connection closed by the server during a long seed: it is sent again.
+    const res = k < 0
+      ? await fetch(url, { headers: { 'x-api-key': key } }).catch(async () => await fetch(url, { headers: { 'x-api-key': key } }))
+      : await fetch(url, { headers: { 'x-api-key': key } })
+    const body = await res.text()
+    const ms = performance.now() - t0
+    if (res.status !== 200) throw new Error(`${shape.path(k + 2)} answered ${res.status}: ${body.slice(0, 300)}`)
+    if (k < 0) continue
+    times.push(ms)
+    rows += (JSON.parse(body) as unknown[]).length
+    if (performance.now() - started > BUDGET_MS && times.length >= 10) break
+  }
+  times.sort((a, b) => a - b)
+  const q = (p: number): number => times[Math.min(times.length - 1, Math.ceil(p * times.length) - 1)]!
+  return { engine, shape: shape.name, size, n: times.length, p50: q(0.5), p99: q(0.99), max: times[times.length - 1]!, rows: Math.round(rows / times.length), load: loads() }
+}
+
+/** The SQL of users.repository.ts's page query for a search, to explain. */
+const SEARCH_PG = "(username_key like '%user012345%' escape '\\' or email_key like '%user012345%' escape '\\' or lower(first_name) like '%user012345%' escape '\\' or lower(last_name) like '%user012345%' escape '\\')"
+const GROUP_WHERE = 'users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = $1))'
+
+/**
+ * The plans of the shapes measured, as the server runs them: on PostgreSQL a
+ * search is planned with its values (sent unnamed), the rest generically
+ * (named statements, after their fifth run).
+ */
+async function plans (db: Db, engine: string): Promise<void> {
+  const explained: Array<[string, string[]]> = []
+  if (isPostgres(db)) {
+    const rows = async (text: string): Promise<string[]> => (await sql.raw<{ 'QUERY PLAN': string }>(text).execute(db)).rows.map(r => r['QUERY PLAN'])
+    explained.push(['q (pg_trgm), planned with the needle', await rows(`explain select id from users where ${SEARCH_PG} order by created_at, id limit 51`)])
+    await sql.raw('set plan_cache_mode = force_generic_plan').execute(db)
+    try {
+      for (const [name, prepare, execute] of [
+        ['group (generic plan)', `prepare bench_plan (text, int) as select id from users where ${GROUP_WHERE} order by created_at, id limit $2`, "explain execute bench_plan('tiny', 51)"],
+        ['role (generic plan)', 'prepare bench_plan (text, int) as select id from users where role = $1 order by created_at, id limit $2', "explain execute bench_plan('admin', 51)"],
+      ] as const) {
+        await sql.raw(prepare).execute(db)
+        explained.push([name, await rows(execute)])
+        await sql.raw('deallocate bench_plan').execute(db)
+      }
+    } finally {
+      await sql.raw('reset plan_cache_mode').execute(db)
+    }
+  } else {
+    const detail = async (query: RawBuilder<unknown>): Promise<string[]> => (await query.execute(db)).rows.map(r => (r as { detail: string }).detail)
+    const like = (needle: string) => sql`(username_key like ${needle} escape '\' or email_key like ${needle} escape '\' or lower(first_name) like ${needle} escape '\' or lower(last_name) like ${needle} escape '\')`
+    explained.push(['q (fts5 candidates, then the like)', await detail(sql`explain query plan select id from users where users.rowid in (select users_search.rowid from users_search where users_search match ${'"user012345"'}) and ${like('%user012345%')} order by created_at, id limit 51`)])
+    explained.push(['group', await detail(sql`explain query plan select id from users where users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ${'tiny'})) order by created_at, id limit 51`)])
+    explained.push(['role', await detail(sql`explain query plan select id from users where role = ${'admin'} order by created_at, id limit 51`)])
+    explained.push(['events by actor', await detail(sql`explain query plan select id from events where actor_id = ${userId(5)} order by id desc limit 101`)])
+  }
+  for (const [name, plan] of explained) log(`${engine} plan, ${name}:\n    ${plan.join('\n    ')}`)
+}
+
+async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
+  const out: Row[] = []
+  const dir = mkdtempSync(join(tmpdir(), 'gatehouse-search-'))
+  const schema = `gatehouse_search_${process.pid}`
+  const config = engine === 'sqlite'
+    ? defaultConfig({ databaseUrl: `sqlite:${join(dir, 'bench.db')}`, logLevel: 'silent', databaseStatementTimeoutMs: 600_000 })
+    : defaultConfig({ databaseUrl: POSTGRES_URL!, databaseSchema: schema, logLevel: 'silent', databaseStatementTimeoutMs: 1_800_000, databasePoolSize: 2 })
+  if (engine === 'postgres') await dropSchema(POSTGRES_URL!, schema)
+  const app = await buildApp({ config, logger: false })
+  try {
+    const key = (await bootstrap(app.db, app.passwords, config, app.log)).generatedKey
+    if (key === undefined) throw new Error('bootstrap issued no key')
+    await sql`create table bench_tick (n integer not null)`.execute(app.db)
+    await sql`insert into bench_tick (n) values (0)`.execute(app.db)
+    let t0 = performance.now()
+    await seedUsers(app.db, USERS)
+    log(`${engine}: seeded ${fmt(USERS)} users (with their trigram index and group memberships) in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
+    await app.listen({ host: '127.0.0.1', port: 0 })
+    const address = app.server.address()
+    if (address === null || typeof address === 'string') throw new Error('no port')
+    const base = `http://127.0.0.1:${address.port}`
+    for (const shape of shapes(false)) {
+      const row = await measure(app, base, key, engine, `${fmt(USERS)} users`, shape)
+      log(`${engine} ${row.shape}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)
+      out.push(row)
+    }
+    let seeded = 0
+    for (const size of EVENT_SIZES) {
+      t0 = performance.now()
+      await seedEvents(app.db, seeded, size)
+      seeded = size
+      log(`${engine}: events now ${fmt(size)}, seeded in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
+      if (size === EVENT_SIZES[0]) await plans(app.db, engine)
+      for (const shape of shapes(true)) {
+        const row = await measure(app, base, key, engine, `${fmt(size)} events`, shape)
+        log(`${engine} ${row.shape} at ${fmt(size)}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)
+        out.push(row)
+      }
+    }
+  } finally {
+    await app.close()
+    rmSync(dir, { recursive: true, force: true })
+    if (engine === 'postgres') await dropSchema(POSTGRES_URL!, schema)
+  }
+  return out
+}
+
+async function main (): Promise<void> {
+  log(`start, load ${loads()}; ${fmt(USERS)} users, events ${EVENT_SIZES.map(n => fmt(n)).join(' then ')}, ${SAMPLES} samples a shape`)
+  const engines = (process.env.BENCH_ENGINES ?? 'sqlite,postgres').split(',')
+  const rows = engines.includes('sqlite') ? await runEngine('sqlite') : []
+  if (!engines.includes('postgres')) {
+    log('PostgreSQL skipped: not in BENCH_ENGINES')
+  } else if (POSTGRES_URL !== undefined && POSTGRES_URL !== '') {
+    const why = await postgresReachable(POSTGRES_URL)
+    if (why === undefined) rows.push(...await runEngine('postgres'))
+    else log(`PostgreSQL skipped: ${why}`)
+  } else {
+    log('PostgreSQL skipped: set BENCH_DATABASE_URL')
+  }
+  const header = ['engine', 'request', 'size', 'n', 'p50 ms', 'p99 ms', 'max ms', 'rows', 'load (1 5 15 min)']
+  const body = rows.map(r => [r.engine, r.shape, r.size, String(r.n), r.p50.toFixed(1), r.p99.toFixed(1), r.max.toFixed(1), String(r.rows), r.load])
+  console.log(`| ${header.join(' | ')} |`)
+  console.log(`|${header.map(() => '---').join('|')}|`)
+  for (const line of body) console.log(`| ${line.join(' | ')} |`)
+}
+
+await main()
