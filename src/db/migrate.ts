@@ -15,6 +15,7 @@ import * as m0012 from './migrations/0012_groups.ts'
 import * as m0013 from './migrations/0013_scim.ts'
 import * as m0014 from './migrations/0014_mail.ts'
 import * as m0015 from './migrations/0015_account_tokens.ts'
+import * as m0017 from './migrations/0017_scim_enterprise.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -32,7 +33,8 @@ const migrations: Record<string, Migration> = {
   '0012_groups': m0012,
   '0013_scim': m0013,
   '0014_mail': m0014,
-  '0015_account_tokens': m0015
+  '0015_account_tokens': m0015,
+  '0017_scim_enterprise': m0017
 }
 
 /**
