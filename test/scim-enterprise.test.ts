@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict'
 import { before, describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
+import { CompiledQuery, sql } from 'kysely'
+import { filterCondition, USERS } from '../src/scim/scim.repository.ts'
+import { parseScimFilter } from '../src/lib/scim-filter.ts'
 import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
 
 const USER = 'urn:ietf:params:scim:schemas:core:2.0:User'
@@ -192,6 +195,21 @@ for (const dialect of dialects()) {
       assert.equal((await read(report.id))[ENTERPRISE], undefined)
     })
 
+    it('shows the extension on the console\'s user page, the manager as a link to their page', async () => {
+      const password = 'correct horse battery staple'
+      const admin = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName('console'), password, role: 'admin' } })
+      const login = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: admin.json().username, password } })
+      const cookie = `gatehouse_session=${login.json().token as string}`
+      const manager = await createUser()
+      const report = await createUser({ [ENTERPRISE]: { employeeNumber: 'E-<9>', department: 'Ops', manager: { value: manager.id } } })
+      const page = await t.app.inject({ method: 'GET', url: `/auth/admin/users/${report.id as string}`, headers: { cookie } })
+      assert.equal(page.statusCode, 200, page.body)
+      assert.ok(page.body.includes(`<dd id="enterprise">employee number <code>E-&#60;9&#62;</code>; department <code>Ops</code>; manager <a href="/auth/admin/users/${manager.id as string}">${manager.userName as string}</a> (from SCIM)</dd>`), 'the enterprise facts')
+      const plain = await t.app.inject({ method: 'GET', url: `/auth/admin/users/${manager.id as string}`, headers: { cookie } })
+      assert.equal(plain.statusCode, 200)
+      assert.doesNotMatch(plain.body, /id="enterprise"/)
+    })
+
     describe('filters', () => {
       const tag = uniqueName('d')
       let a: Record<string, any>
@@ -209,6 +227,26 @@ for (const dialect of dialects()) {
         assert.deepEqual(await filterIds(`${ENTERPRISE.toUpperCase()}:EMPLOYEENUMBER eq "${tag.toUpperCase()}-1"`), ids(a))
         assert.deepEqual(await filterIds(`${ENTERPRISE}:department eq "${tag} sales"`), ids(a, b))
         assert.deepEqual(await filterIds(`department eq "${tag} Support"`), ids(c))
+      })
+
+      it('runs employeeNumber eq, department eq and manager.value eq as index lookups', async () => {
+        const db = t.app.db
+        for (const [filter, index] of [
+          [`${ENTERPRISE}:employeeNumber eq "${tag}-1"`, 'users_employee_number_idx'],
+          [`${ENTERPRISE}:department eq "${tag} Sales"`, 'users_department_idx'],
+          [`${ENTERPRISE}:manager.value eq "${a.id as string}"`, 'users_manager_id_idx']
+        ] as const) {
+          const query = db.selectFrom('users').select('id').where(filterCondition(db, USERS, parseScimFilter(filter))).compile()
+          const plan = await db.connection().execute(async connection => {
+            // A table of a few rows is read whole by PostgreSQL's planner whatever its indexes: this asks whether the index can serve.
+            if (dialect.name === 'postgres') await sql`set enable_seqscan = off`.execute(connection)
+            const explain = dialect.name === 'sqlite' ? 'explain query plan ' : 'explain '
+            const rows = (await connection.executeQuery(CompiledQuery.raw(explain + query.sql, [...query.parameters]))).rows
+            if (dialect.name === 'postgres') await sql`reset enable_seqscan`.execute(connection)
+            return rows
+          })
+          assert.match(JSON.stringify(plan), new RegExp(index), `${filter}: ${JSON.stringify(plan)}`)
+        }
       })
 
       it('takes the other operators and attributes of the extension, the manager by its value', async () => {

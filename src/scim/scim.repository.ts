@@ -15,11 +15,38 @@ export async function findScimUserById (db: Db, id: string): Promise<ScimUserRow
   return await db.selectFrom('users').select(SCIM_USER_COLUMNS).where('id', '=', id).executeTakeFirst()
 }
 
-/** Whether SCIM manages a user, as the console shows it: the provider's id for them and the last change a SCIM client made. */
-export async function findProvisioningOf (db: Db, id: string): Promise<{ externalId: string | null, provisionedAt: string | null } | undefined> {
-  const row = await db.selectFrom('users').select(['external_id', 'provisioned_at']).where('id', '=', id).executeTakeFirst()
+/** What SCIM's enterprise extension keeps about a user, as the console shows it (names as SCIM spells them). */
+export interface EnterpriseFacts {
+  employeeNumber: string | null
+  costCenter: string | null
+  organization: string | null
+  division: string | null
+  department: string | null
+  manager: { id: string, username: string } | null
+}
+
+/**
+ * Whether SCIM manages a user, as the console shows it: the provider's id for
+ * them, the last change a SCIM client made, and the enterprise extension.
+ */
+export async function findProvisioningOf (db: Db, id: string): Promise<{ externalId: string | null, provisionedAt: string | null, enterprise: EnterpriseFacts } | undefined> {
+  const row = await db.selectFrom('users')
+    .select(['external_id', 'provisioned_at', 'employee_number', 'cost_center', 'organization', 'division', 'department', 'manager_id'])
+    .where('id', '=', id).executeTakeFirst()
   if (row === undefined) return undefined
-  return { externalId: row.external_id, provisionedAt: row.provisioned_at === null ? null : row.provisioned_at instanceof Date ? row.provisioned_at.toISOString() : row.provisioned_at }
+  const manager = row.manager_id === null ? undefined : await db.selectFrom('users').select(['id', 'username']).where('id', '=', row.manager_id).executeTakeFirst()
+  return {
+    externalId: row.external_id,
+    provisionedAt: row.provisioned_at === null ? null : row.provisioned_at instanceof Date ? row.provisioned_at.toISOString() : row.provisioned_at,
+    enterprise: {
+      employeeNumber: row.employee_number,
+      costCenter: row.cost_center,
+      organization: row.organization,
+      division: row.division,
+      department: row.department,
+      manager: manager ?? null
+    }
+  }
 }
 
 /** The id of the user holding this address as their `email`, if any (addresses are unique ignoring case). */
