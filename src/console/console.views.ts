@@ -4,6 +4,7 @@ import { SCOPES } from '../auth/principal.ts'
 import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import type { PartyNames } from '../events/events.service.ts'
+import type { EnterpriseFacts } from '../scim/scim.repository.ts'
 import type { MfaStatus } from '../mfa/mfa.schemas.ts'
 import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
@@ -53,6 +54,18 @@ ${notice}${body}
 </body>
 </html>
 `.text
+}
+
+/** The enterprise extension a SCIM client keeps (docs/scim.md), as one line of the account facts; nothing when none of it is set. */
+function enterpriseFacts (facts: EnterpriseFacts | undefined, users: string): SafeHtml | '' {
+  if (facts === undefined) return ''
+  const parts: SafeHtml[] = []
+  for (const [label, value] of [['employee number', facts.employeeNumber], ['cost center', facts.costCenter], ['organization', facts.organization], ['division', facts.division], ['department', facts.department]] as const) {
+    if (value !== null) parts.push(html`${label} <code>${value}</code>`)
+  }
+  if (facts.manager !== null) parts.push(html`manager <a href="${users}/${facts.manager.id}">${facts.manager.username}</a>`)
+  if (parts.length === 0) return ''
+  return html`<dt>Organization</dt><dd id="enterprise">${parts.map((part, i) => html`${i > 0 ? '; ' : ''}${part}`)} (from SCIM)</dd>`
 }
 
 function date (iso: string | null): SafeHtml {
@@ -196,7 +209,7 @@ export interface UserView {
   /** The user's live sessions, as GET /api/users/{user_id}/sessions lists them. */
   sessions: SessionSummary[]
   /** What SCIM provisioning keeps about the user (docs/scim.md); absent or both null when no SCIM client manages them. */
-  provisioning?: { externalId: string | null, provisionedAt: string | null } | undefined
+  provisioning?: { externalId: string | null, provisionedAt: string | null, enterprise?: EnterpriseFacts } | undefined
   values?: UserFormValues
   /** The version and values an edit form being shown again was read at (else the stored user's). */
   formVersion?: number
@@ -324,6 +337,7 @@ ${user.invitation_pending
 ${view.provisioning !== undefined && (view.provisioning.externalId !== null || view.provisioning.provisionedAt !== null)
   ? html`<dt>Provisioning</dt><dd id="provisioning">managed by SCIM${view.provisioning.externalId !== null ? html`; externalId <code>${view.provisioning.externalId}</code>` : ''}; last provisioning change ${date(view.provisioning.provisionedAt)}. Changes made here are overwritten by the identity provider's next sync.</dd>`
   : ''}
+${enterpriseFacts(view.provisioning?.enterprise, `${ctx.base}/admin/users`)}
 <dt>Sign-in lock</dt><dd>${locked ? html`locked for unknown clients until ${date(view.signIn.lockedUntil)}` : 'not locked'}; ${view.signIn.failedLogins} failed sign-in${view.signIn.failedLogins === 1 ? '' : 's'} counted</dd>
 </dl></section>
 ${lastAdminNote}

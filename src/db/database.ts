@@ -60,6 +60,13 @@ export interface UsersTable {
   formatted_name: ColumnType<string | null, string | null | undefined, string | null>
   scim_emails: ColumnType<ScimEmail[] | string | null, string | null | undefined, string | null>
   provisioned_at: ColumnType<Date | string | null, string | null | undefined, string | null>
+  /** SCIM's enterprise extension (migration 0017); `manager_id` is the manager when they are one of our users. */
+  employee_number: ColumnType<string | null, string | null | undefined, string | null>
+  cost_center: ColumnType<string | null, string | null | undefined, string | null>
+  organization: ColumnType<string | null, string | null | undefined, string | null>
+  division: ColumnType<string | null, string | null | undefined, string | null>
+  department: ColumnType<string | null, string | null | undefined, string | null>
+  manager_id: ColumnType<string | null, string | null | undefined, string | null>
 }
 
 /** One entry of a user's SCIM `emails`, as stored. */

@@ -16,6 +16,7 @@ import * as m0013 from './migrations/0013_scim.ts'
 import * as m0014 from './migrations/0014_mail.ts'
 import * as m0015 from './migrations/0015_account_tokens.ts'
 import * as m0016 from './migrations/0016_user_search.ts'
+import * as m0017 from './migrations/0017_scim_enterprise.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -34,7 +35,8 @@ const migrations: Record<string, Migration> = {
   '0013_scim': m0013,
   '0014_mail': m0014,
   '0015_account_tokens': m0015,
-  '0016_user_search': m0016
+  '0016_user_search': m0016,
+  '0017_scim_enterprise': m0017
 }
 
 /**

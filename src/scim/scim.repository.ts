@@ -5,7 +5,8 @@ import { InvalidFilter, type Filter } from '../lib/scim-filter.ts'
 /** Every column a SCIM User is made of: never the password hash. */
 export const SCIM_USER_COLUMNS = [
   'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'version',
-  'created_at', 'updated_at', 'external_id', 'display_name', 'formatted_name', 'scim_emails', 'provisioned_at'
+  'created_at', 'updated_at', 'external_id', 'display_name', 'formatted_name', 'scim_emails', 'provisioned_at',
+  'employee_number', 'cost_center', 'organization', 'division', 'department', 'manager_id'
 ] as const
 export type ScimUserRow = Pick<Selectable<UsersTable>, typeof SCIM_USER_COLUMNS[number]>
 
@@ -14,17 +15,67 @@ export async function findScimUserById (db: Db, id: string): Promise<ScimUserRow
   return await db.selectFrom('users').select(SCIM_USER_COLUMNS).where('id', '=', id).executeTakeFirst()
 }
 
-/** Whether SCIM manages a user, as the console shows it: the provider's id for them and the last change a SCIM client made. */
-export async function findProvisioningOf (db: Db, id: string): Promise<{ externalId: string | null, provisionedAt: string | null } | undefined> {
-  const row = await db.selectFrom('users').select(['external_id', 'provisioned_at']).where('id', '=', id).executeTakeFirst()
+/** What SCIM's enterprise extension keeps about a user, as the console shows it (names as SCIM spells them). */
+export interface EnterpriseFacts {
+  employeeNumber: string | null
+  costCenter: string | null
+  organization: string | null
+  division: string | null
+  department: string | null
+  manager: { id: string, username: string } | null
+}
+
+/**
+ * Whether SCIM manages a user, as the console shows it: the provider's id for
+ * them, the last change a SCIM client made, and the enterprise extension.
+ */
+export async function findProvisioningOf (db: Db, id: string): Promise<{ externalId: string | null, provisionedAt: string | null, enterprise: EnterpriseFacts } | undefined> {
+  const row = await db.selectFrom('users')
+    .select(['external_id', 'provisioned_at', 'employee_number', 'cost_center', 'organization', 'division', 'department', 'manager_id'])
+    .where('id', '=', id).executeTakeFirst()
   if (row === undefined) return undefined
-  return { externalId: row.external_id, provisionedAt: row.provisioned_at === null ? null : row.provisioned_at instanceof Date ? row.provisioned_at.toISOString() : row.provisioned_at }
+  const manager = row.manager_id === null ? undefined : await db.selectFrom('users').select(['id', 'username']).where('id', '=', row.manager_id).executeTakeFirst()
+  return {
+    externalId: row.external_id,
+    provisionedAt: row.provisioned_at === null ? null : row.provisioned_at instanceof Date ? row.provisioned_at.toISOString() : row.provisioned_at,
+    enterprise: {
+      employeeNumber: row.employee_number,
+      costCenter: row.cost_center,
+      organization: row.organization,
+      division: row.division,
+      department: row.department,
+      manager: manager ?? null
+    }
+  }
 }
 
 /** The id of the user holding this address as their `email`, if any (addresses are unique ignoring case). */
 export async function findUserIdByEmail (db: Db, email: string): Promise<string | undefined> {
   const row = await db.selectFrom('users').select('id').where('email_key', '=', email.toLowerCase()).executeTakeFirst()
   return row?.id
+}
+
+/**
+ * The user a SCIM `manager.value` names, if it is one of ours. On PostgreSQL
+ * the row is held (FOR KEY SHARE) until the transaction ends, before the
+ * report's own row is locked: a concurrent delete of the manager then waits
+ * for this change, or this change finds the manager gone, and neither
+ * waits on the other in a cycle.
+ */
+export async function findReferableUserId (db: Db, id: string): Promise<string | undefined> {
+  if (!UUID.test(id)) return undefined
+  const row = await db.selectFrom('users').select('id').where('id', '=', id.toLowerCase())
+    .$if(isPostgres(db), q => q.forKeyShare())
+    .executeTakeFirst()
+  return row?.id
+}
+
+/** What a manager shows as in their reports' `manager.displayName`: their displayName, else their userName. */
+export async function findManagerNames (db: Db, ids: readonly string[]): Promise<Map<string, string>> {
+  const unique = [...new Set(ids)]
+  if (unique.length === 0) return new Map()
+  const rows = await db.selectFrom('users').select(['id', 'username', 'display_name']).where('id', 'in', unique).execute()
+  return new Map(rows.map(row => [row.id, row.display_name ?? row.username]))
 }
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i
@@ -41,6 +92,7 @@ type Attribute =
   | { kind: 'id' }
   | { kind: 'emails', sub: 'value' | 'type' | 'primary' | 'display' }
   | { kind: 'members' }
+  | { kind: 'manager' }
 
 const column = (name: string) => () => sql.ref(name)
 
@@ -65,8 +117,21 @@ const USER_ATTRIBUTES: Record<string, Attribute> = {
   'emails.value': { kind: 'emails', sub: 'value' },
   'emails.type': { kind: 'emails', sub: 'type' },
   'emails.primary': { kind: 'emails', sub: 'primary' },
-  'emails.display': { kind: 'emails', sub: 'display' }
+  'emails.display': { kind: 'emails', sub: 'display' },
+  // The enterprise extension (RFC 7643 §4.3), by `enterprise:` and the lower-cased name (attributeOf).
+  // employeeNumber and department are indexed on their lower case (migration 0017): `eq` is an index lookup.
+  'enterprise:employeenumber': { kind: 'text', expression: column('employee_number'), caseExact: false },
+  'enterprise:costcenter': { kind: 'text', expression: column('cost_center'), caseExact: false },
+  'enterprise:organization': { kind: 'text', expression: column('organization'), caseExact: false },
+  'enterprise:division': { kind: 'text', expression: column('division'), caseExact: false },
+  'enterprise:department': { kind: 'text', expression: column('department'), caseExact: false },
+  'enterprise:manager': { kind: 'manager' },
+  'enterprise:manager.value': { kind: 'manager' }
 }
+
+/** The enterprise extension's URN as a filter path's prefix, lower-cased. */
+export const ENTERPRISE_USER_URN = 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:user:'
+const ENTERPRISE_NAMES = new Set(['employeenumber', 'costcenter', 'organization', 'division', 'department', 'manager', 'manager.value', 'manager.displayname', 'manager.$ref'])
 
 const CORE_GROUP_URN = 'urn:ietf:params:scim:schemas:core:2.0:group:'
 
@@ -89,6 +154,9 @@ export const GROUPS: Resource = { table: 'groups', attributes: GROUP_ATTRIBUTES,
 function attributeOf (resource: Resource, path: string): Attribute {
   let name = path.toLowerCase()
   if (name.startsWith(resource.urn)) name = name.slice(resource.urn.length)
+  // An enterprise attribute with its URN, or by its bare name, which no core attribute shares.
+  else if (resource === USERS && name.startsWith(ENTERPRISE_USER_URN)) name = `enterprise:${name.slice(ENTERPRISE_USER_URN.length)}`
+  else if (resource === USERS && ENTERPRISE_NAMES.has(name)) name = `enterprise:${name}`
   const attribute = resource.attributes[name]
   if (attribute === undefined) throw new InvalidFilter(`${resource.name} cannot be filtered on "${path}"; see /Schemas and docs/scim.md for the attributes that can.`)
   return attribute
@@ -217,6 +285,13 @@ export function filterCondition (db: Db, resource: Resource, filter: Filter): Co
       if (op === 'pr') return sql<boolean>`exists (select 1 from group_members m where m.group_id = groups.id)`
       return memberCondition(op, value)
     }
+    case 'manager': {
+      if (op === 'pr') return sql<boolean>`users.manager_id is not null`
+      if (op !== 'eq' && op !== 'ne') throw new InvalidFilter('manager.value takes eq, ne or pr with a user id.')
+      const known = typeof value === 'string' && UUID.test(value)
+      if (op === 'eq') return known ? sql<boolean>`users.manager_id = ${value.toLowerCase()}` : sql<boolean>`1 = 0`
+      return known ? sql<boolean>`(users.manager_id is null or users.manager_id <> ${value.toLowerCase()})` : sql<boolean>`1 = 1`
+    }
     case 'time': {
       const ref = sql.ref(`${table}.${attribute.column}`)
       if (op === 'pr') return sql<boolean>`1 = 1`
@@ -244,7 +319,7 @@ function memberCondition (op: string, value: Value): Condition {
 }
 
 /** How a list may be ordered (`sortBy`): the column, by lower-cased attribute path. */
-const SORT_COLUMNS: Record<string, 'username_key' | 'external_id' | 'display_name' | 'first_name' | 'last_name' | 'created_at' | 'updated_at' | 'id'> = {
+const SORT_COLUMNS: Record<string, 'username_key' | 'external_id' | 'display_name' | 'first_name' | 'last_name' | 'created_at' | 'updated_at' | 'id' | 'employee_number' | 'department'> = {
   id: 'id',
   username: 'username_key',
   externalid: 'external_id',
@@ -252,12 +327,16 @@ const SORT_COLUMNS: Record<string, 'username_key' | 'external_id' | 'display_nam
   'name.givenname': 'first_name',
   'name.familyname': 'last_name',
   'meta.created': 'created_at',
-  'meta.lastmodified': 'updated_at'
+  'meta.lastmodified': 'updated_at',
+  'enterprise:employeenumber': 'employee_number',
+  'enterprise:department': 'department'
 }
 
 export function sortColumnOf (path: string): typeof SORT_COLUMNS[string] | undefined {
   let name = path.toLowerCase()
   if (name.startsWith(CORE_USER_URN)) name = name.slice(CORE_USER_URN.length)
+  else if (name.startsWith(ENTERPRISE_USER_URN)) name = `enterprise:${name.slice(ENTERPRISE_USER_URN.length)}`
+  else if (ENTERPRISE_NAMES.has(name)) name = `enterprise:${name}`
   return SORT_COLUMNS[name]
 }
 

@@ -16,6 +16,7 @@ import {
   ScimResourceBody,
   URN,
   USER_SCHEMA,
+  ENTERPRISE_USER_SCHEMA,
   GROUP_SCHEMA,
   type ScimType
 } from './scim.schemas.ts'
@@ -127,7 +128,7 @@ const USER_RESOURCE_TYPE = {
   endpoint: '/Users',
   description: 'User Account',
   schema: URN.user,
-  schemaExtensions: [],
+  schemaExtensions: [{ schema: URN.enterpriseUser, required: false }],
   meta: { resourceType: 'ResourceType', location: '/ResourceTypes/User' }
 }
 
@@ -171,7 +172,7 @@ export default async function scimRoutes (app: FastifyTypeBox): Promise<void> {
   }
   const listOf = (resources: unknown[]): unknown => ({ schemas: [URN.listResponse], totalResults: resources.length, startIndex: 1, itemsPerPage: resources.length, Resources: resources })
   const resourceTypes = [USER_RESOURCE_TYPE, GROUP_RESOURCE_TYPE]
-  const schemas = [USER_SCHEMA, GROUP_SCHEMA]
+  const schemas = [USER_SCHEMA, ENTERPRISE_USER_SCHEMA, GROUP_SCHEMA]
   app.get(`${prefix}/ResourceTypes`, { ...read, schema: { hide: true } }, async (_request, reply) => send(reply, 200, listOf(resourceTypes)))
   app.get(`${prefix}/ResourceTypes/:id`, { ...read, schema: { hide: true, params: ScimIdParams } }, async (request, reply) => {
     const found = resourceTypes.find(type => type.id === request.params.id)

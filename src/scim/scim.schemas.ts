@@ -3,6 +3,7 @@ import { Type, type Static } from 'typebox'
 /** SCIM's URNs (RFC 7643, RFC 7644). */
 export const URN = {
   user: 'urn:ietf:params:scim:schemas:core:2.0:User',
+  enterpriseUser: 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User',
   group: 'urn:ietf:params:scim:schemas:core:2.0:Group',
   listResponse: 'urn:ietf:params:scim:api:messages:2.0:ListResponse',
   patchOp: 'urn:ietf:params:scim:api:messages:2.0:PatchOp',
@@ -80,7 +81,8 @@ function attribute (name: string, type: string, description: string, options: Re
 /**
  * The User schema as gatehouse keeps it: exactly the attributes stored and
  * returned (docs/scim.md). Others a client sends (addresses, phone numbers,
- * titles, the enterprise extension) are accepted and not kept.
+ * titles) are accepted and not kept; the enterprise extension is a schema of
+ * its own (ENTERPRISE_USER_SCHEMA).
  */
 export const USER_SCHEMA = {
   schemas: [URN.schema],
@@ -118,6 +120,33 @@ export const USER_SCHEMA = {
     })
   ],
   meta: { resourceType: 'Schema', location: `/Schemas/${URN.user}` }
+}
+
+/**
+ * The enterprise extension (RFC 7643 §4.3) as gatehouse keeps it: all of it
+ * (migration 0017). A manager is one of our users: a `value` that is no user
+ * here is passed over, and a deleted manager leaves their reports with none.
+ */
+export const ENTERPRISE_USER_SCHEMA = {
+  schemas: [URN.schema],
+  id: URN.enterpriseUser,
+  name: 'EnterpriseUser',
+  description: 'Enterprise User',
+  attributes: [
+    attribute('employeeNumber', 'string', 'The number the organization knows the user by (at most 200 characters). Filters with eq are index lookups.'),
+    attribute('costCenter', 'string', 'The name of a cost center (at most 200 characters).'),
+    attribute('organization', 'string', 'The name of an organization (at most 200 characters).'),
+    attribute('division', 'string', 'The name of a division (at most 200 characters).'),
+    attribute('department', 'string', 'The name of a department (at most 200 characters). Filters with eq are index lookups.'),
+    attribute('manager', 'complex', 'The user\'s manager, when they are one of the users here; a value that is no user here is passed over.', {
+      subAttributes: [
+        attribute('value', 'string', 'The id of the manager\'s user here.', { caseExact: true }),
+        attribute('$ref', 'reference', 'The manager\'s location.', { mutability: 'readOnly', referenceTypes: ['User'] }),
+        attribute('displayName', 'string', 'The manager\'s displayName, else their userName.', { mutability: 'readOnly' })
+      ]
+    })
+  ],
+  meta: { resourceType: 'Schema', location: `/Schemas/${URN.enterpriseUser}` }
 }
 
 /** The Group schema as gatehouse keeps it. */

@@ -11,6 +11,8 @@ import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 import {
   findExistingUserIds,
   findGroupsOfUsers,
+  findManagerNames,
+  findReferableUserId,
   findMembersOfGroups,
   findScimGroupById,
   findScimUserById,
@@ -118,6 +120,50 @@ function emailsOf (value: unknown): ScimEmail[] | null {
   return emails.length > 0 ? emails : null
 }
 
+/** The enterprise extension's strings: SCIM's name, and the column that keeps it. */
+const ENTERPRISE_STRINGS = [
+  ['employeeNumber', 'employee_number'],
+  ['costCenter', 'cost_center'],
+  ['organization', 'organization'],
+  ['division', 'division'],
+  ['department', 'department']
+] as const
+type EnterpriseColumn = typeof ENTERPRISE_STRINGS[number][1]
+
+/**
+ * The id a `manager` names, in each form clients send it: `{"value": "<id>"}`
+ * (RFC 7643), a bare id string (Entra's PATCH), or a list of one such object.
+ * `null` clears it: null, an empty string, an empty list or an empty value,
+ * as Entra sends a manager taken away.
+ */
+function managerValueOf (value: unknown): string | null | undefined {
+  if (value === undefined) return undefined
+  if (value === null || value === '') return null
+  if (typeof value === 'string') return value
+  if (Array.isArray(value)) {
+    if (value.length > 1) throw invalidValue('manager is one user, not a list.')
+    return value.length === 0 ? null : managerValueOf(value[0])
+  }
+  if (!isObject(value)) throw invalidValue('manager must be an object with the manager\'s id as its value.')
+  const id = attr(value, 'value')
+  if (id === undefined || id === null || id === '') return null
+  if (typeof id !== 'string') throw invalidValue('manager.value must be a string.')
+  if (id.length > 255) throw invalidValue('manager.value is longer than 255 characters.')
+  return id
+}
+
+/** What the enterprise extension says; `undefined` where it says nothing. */
+type EnterpriseFields = Record<EnterpriseColumn, string | null | undefined> & { manager: string | null | undefined }
+
+function enterpriseFieldsOf (resource: Resource): EnterpriseFields {
+  const extension = attr(resource, URN.enterpriseUser)
+  if (extension !== undefined && extension !== null && !isObject(extension)) throw invalidValue(`${URN.enterpriseUser} must be an object.`)
+  const part = isObject(extension) ? extension : {}
+  const fields = { manager: managerValueOf(attr(part, 'manager')) } as EnterpriseFields
+  for (const [name, column] of ENTERPRISE_STRINGS) fields[column] = optionalString(attr(part, name), name, 200)
+  return fields
+}
+
 /** What a User resource says about the fields gatehouse keeps; `undefined` where it says nothing. */
 interface ResourceFields {
   username: string
@@ -128,6 +174,7 @@ interface ResourceFields {
   external_id: string | null | undefined
   disabled: boolean | undefined
   scim_emails: ScimEmail[] | null
+  enterprise: EnterpriseFields
 }
 
 /**
@@ -160,8 +207,22 @@ function fieldsOf (resource: Resource): ResourceFields {
     display_name: optionalString(attr(resource, 'displayName'), 'displayName', 400),
     external_id: optionalString(attr(resource, 'externalId'), 'externalId', 255),
     disabled: active === undefined || active === null ? undefined : !booleanOf(active, 'active'),
-    scim_emails: emailsOf(attr(resource, 'emails'))
+    scim_emails: emailsOf(attr(resource, 'emails')),
+    enterprise: enterpriseFieldsOf(resource)
   }
+}
+
+/**
+ * The enterprise columns a resource sets, each cleared where it says nothing
+ * (as a PUT replaces). A manager that is no user here is passed over, as a
+ * group's member is: an identity provider may name one it has not
+ * provisioned to this app (Microsoft's collection sends "SuzzyQ").
+ */
+async function enterpriseColumnsOf (trx: Db, fields: EnterpriseFields, userId: string | undefined): Promise<Record<EnterpriseColumn | 'manager_id', string | null>> {
+  if (fields.manager != null && userId !== undefined && fields.manager.toLowerCase() === userId) throw invalidValue('A user cannot be their own manager.')
+  const columns = { manager_id: fields.manager == null ? null : await findReferableUserId(trx, fields.manager) ?? null } as Record<EnterpriseColumn | 'manager_id', string | null>
+  for (const [, column] of ENTERPRISE_STRINGS) columns[column] = fields[column] ?? null
+  return columns
 }
 
 /**
@@ -188,15 +249,28 @@ function emailsOfRow (row: ScimUserRow): ScimEmail[] {
   return stored
 }
 
-/** The User resource of a row: core schema, as /Schemas describes it. */
-export function userResource (row: ScimUserRow, baseUrl: string, groups: ReadonlyArray<{ id: string, display_name: string }>): Resource {
+/** The enterprise extension of a row, empty when nothing of it is set; the manager's displayName is read from their user. */
+function enterpriseOf (row: ScimUserRow, baseUrl: string, managerNames: ReadonlyMap<string, string>): Resource {
+  const extension: Resource = {}
+  for (const [name, column] of ENTERPRISE_STRINGS) if (row[column] !== null) extension[name] = row[column]
+  if (row.manager_id !== null) {
+    const displayName = managerNames.get(row.manager_id)
+    extension.manager = { value: row.manager_id, $ref: `${baseUrl}/Users/${row.manager_id}`, ...(displayName !== undefined ? { displayName } : {}) }
+  }
+  return extension
+}
+
+/** The User resource of a row: core schema, as /Schemas describes it, and the enterprise extension when something of it is set. */
+export function userResource (row: ScimUserRow, baseUrl: string, groups: ReadonlyArray<{ id: string, display_name: string }>, managerNames: ReadonlyMap<string, string> = new Map()): Resource {
   const name: Resource = {}
   if (row.formatted_name !== null) name.formatted = row.formatted_name
   if (row.last_name !== null) name.familyName = row.last_name
   if (row.first_name !== null) name.givenName = row.first_name
   const emails = emailsOfRow(row)
+  const enterprise = enterpriseOf(row, baseUrl, managerNames)
+  const extended = Object.keys(enterprise).length > 0
   return {
-    schemas: [URN.user],
+    schemas: extended ? [URN.user, URN.enterpriseUser] : [URN.user],
     id: row.id,
     ...(row.external_id !== null ? { externalId: row.external_id } : {}),
     userName: row.username,
@@ -205,6 +279,7 @@ export function userResource (row: ScimUserRow, baseUrl: string, groups: Readonl
     active: !toBool(row.disabled),
     ...(emails.length > 0 ? { emails } : {}),
     ...(groups.length > 0 ? { groups: groups.map(group => ({ value: group.id, display: group.display_name, $ref: `${baseUrl}/Groups/${group.id}` })) } : {}),
+    ...(extended ? { [URN.enterpriseUser]: enterprise } : {}),
     meta: {
       resourceType: 'User',
       created: toIso(row.created_at),
@@ -217,6 +292,15 @@ export function userResource (row: ScimUserRow, baseUrl: string, groups: Readonl
 
 const CORE_USER_PREFIX = `${URN.user}:`.toLowerCase()
 const CORE_PREFIXES = [CORE_USER_PREFIX, `${URN.group}:`.toLowerCase()]
+const ENTERPRISE_PREFIX = `${URN.enterpriseUser}:`.toLowerCase()
+
+/** An attribute path as its top-level key and first sub-attribute: `urn:…:enterprise:2.0:User:department` is the extension's `department`. */
+function topAndSub (path: string): [string, string | undefined] {
+  const lower = path.toLowerCase()
+  if (lower === URN.enterpriseUser.toLowerCase()) return [URN.enterpriseUser, undefined]
+  if (lower.startsWith(ENTERPRISE_PREFIX)) return [URN.enterpriseUser, path.slice(ENTERPRISE_PREFIX.length).split('.')[0]]
+  return path.split('.', 2) as [string, string | undefined]
+}
 
 /** `attributes` / `excludedAttributes` (RFC 7644 §3.4.2.5): `id` and `schemas` are always returned. */
 export function project (resource: Resource, attributes: string | undefined, excluded: string | undefined): Resource {
@@ -243,7 +327,7 @@ export function project (resource: Resource, attributes: string | undefined, exc
         if (kept.length > 0) out[key!] = [...((out[key!] as unknown[] | undefined) ?? []), ...kept]
         continue
       }
-      const [top, sub] = path.split('.', 2) as [string, string | undefined]
+      const [top, sub] = topAndSub(path)
       const key = findKey(resource, top)
       if (key === undefined) continue
       const value = resource[key]
@@ -261,7 +345,7 @@ export function project (resource: Resource, attributes: string | undefined, exc
   if (unwanted.length === 0) return resource
   const out: Resource = { ...resource }
   for (const path of unwanted) {
-    const [top, sub] = path.split('.', 2) as [string, string | undefined]
+    const [top, sub] = topAndSub(path)
     const key = findKey(out, top)
     if (key === undefined || key === 'id' || key === 'schemas') continue
     if (sub === undefined) {
@@ -282,7 +366,8 @@ async function readUser (db: Db, id: string, baseUrl: string): Promise<ScimAnswe
   const row = await findScimUserById(db, id)
   if (row === undefined) throw notFound(id)
   const groups = await findGroupsOfUsers(db, [id])
-  return { resource: userResource(row, baseUrl, groups.get(id) ?? []), version: row.version }
+  const managerNames = await findManagerNames(db, row.manager_id !== null ? [row.manager_id] : [])
+  return { resource: userResource(row, baseUrl, groups.get(id) ?? [], managerNames), version: row.version }
 }
 
 export async function getScimUser (db: Db, id: string, baseUrl: string): Promise<ScimAnswer> {
@@ -305,7 +390,8 @@ export async function createScimUser (db: Db, scim: ScimContext, body: ScimResou
       external_id: fields.external_id,
       display_name: fields.display_name,
       formatted_name: fields.formatted_name,
-      scim_emails: fields.scim_emails
+      scim_emails: fields.scim_emails,
+      ...await enterpriseColumnsOf(trx, fields.enterprise, undefined)
     }, passwordHash, passwordHash !== null, now)
     row.provisioned_at = now
     await createUserRecorded(trx, scim.ctx, row, SOURCE)
@@ -332,6 +418,7 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
     formatted_name: fields.formatted_name ?? null,
     display_name: fields.display_name ?? null,
     external_id: fields.external_id ?? null,
+    ...await enterpriseColumnsOf(trx, fields.enterprise, current.id),
     ...(fields.disabled !== undefined ? { disabled: fields.disabled } : {}),
     ...(passwordHash !== undefined ? { password_hash: passwordHash } : {})
   }
@@ -381,8 +468,16 @@ export async function replaceScimUser (db: Db, scim: ScimContext, id: string, bo
 const CANONICAL = new Map(['userName', 'name', 'givenName', 'familyName', 'formatted', 'displayName', 'externalId', 'active', 'emails',
   'value', 'type', 'primary', 'display', 'groups', 'members', 'id', 'schemas', 'meta'].map(n => [n.toLowerCase(), n]))
 
+/** The enterprise extension's attribute names, by their lower case. */
+const ENTERPRISE_CANONICAL = new Map(['employeeNumber', 'costCenter', 'organization', 'division', 'department', 'manager', 'value', '$ref', 'displayName']
+  .map(n => [n.toLowerCase(), n]))
+
 function canonicalPath (path: string): string {
   let text = path.trim()
+  // `urn:…:enterprise:2.0:User:manager.value` in any case: the URN as the resource's key spells it, then the names.
+  if (text.toLowerCase().startsWith(ENTERPRISE_PREFIX)) {
+    return `${URN.enterpriseUser}:${text.slice(ENTERPRISE_PREFIX.length).split('.').map(n => ENTERPRISE_CANONICAL.get(n.toLowerCase()) ?? n).join('.')}`
+  }
   if (text.toLowerCase().startsWith(CORE_USER_PREFIX)) text = text.slice(CORE_USER_PREFIX.length)
   // Identifiers outside quoted strings; a quoted value inside a filter is left as sent.
   return text.split(/("(?:[^"\\]|\\.)*")/).map((part, i) => i % 2 === 1
@@ -390,10 +485,40 @@ function canonicalPath (path: string): string {
     : part.replace(/[A-Za-z][A-Za-z0-9_$-]*/g, word => CANONICAL.get(word.toLowerCase()) ?? word)).join('')
 }
 
-/** A path-less add or replace: its value's keys are paths too (Entra sends `{"name.givenName": "…"}`). */
+/**
+ * A path-less add or replace: its value's keys are paths too (Entra sends
+ * `{"name.givenName": "…"}`). The enterprise extension as an object (Okta's
+ * `{"urn:…:enterprise:2.0:User": {"department": "…"}}`) becomes one path per
+ * attribute it names: the attributes it leaves out stay as they are
+ * (RFC 7644 §3.5.2.3), and scim-patch would read the URN itself as a path.
+ */
 function canonicalValue (value: unknown): unknown {
   if (!isObject(value)) return value
-  return Object.fromEntries(Object.entries(value).map(([key, v]) => [canonicalPath(key), v]))
+  return Object.fromEntries(Object.entries(value).flatMap(([key, v]): Array<[string, unknown]> => {
+    if (key.toLowerCase() !== URN.enterpriseUser.toLowerCase()) return [[canonicalPath(key), v]]
+    if (v === null) return ENTERPRISE_ATTRIBUTES.map(name => [`${URN.enterpriseUser}:${name}`, null])
+    if (!isObject(v)) throw invalidValue(`${URN.enterpriseUser} must be an object.`)
+    return Object.entries(v).map(([name, sub]) => [canonicalPath(`${URN.enterpriseUser}:${name}`), sub])
+  }))
+}
+
+const ENTERPRISE_ATTRIBUTES = ['employeeNumber', 'costCenter', 'organization', 'division', 'department', 'manager']
+const MANAGER_PATH = `${URN.enterpriseUser}:manager`
+
+/**
+ * The operations of one PATCH operation on the enterprise extension, in the
+ * forms scim-patch applies: a path that is the extension itself is one per
+ * attribute, and a manager given as a bare id or a list of one (Entra) is
+ * `{"value": "<id>"}`, and as null or empty a remove (Entra's clearing).
+ */
+function enterpriseOperations (op: 'add' | 'replace' | 'remove', path: string, value: unknown): ScimPatchOperation[] | undefined {
+  if (path.toLowerCase() === URN.enterpriseUser.toLowerCase()) {
+    if (op === 'remove' || value === null) return ENTERPRISE_ATTRIBUTES.map(name => ({ op: 'remove', path: `${URN.enterpriseUser}:${name}` }) as ScimPatchOperation)
+    return [{ op, value: canonicalValue({ [URN.enterpriseUser]: value }) } as ScimPatchOperation]
+  }
+  if (path !== MANAGER_PATH || op === 'remove') return undefined
+  const id = managerValueOf(value)
+  return id == null ? [{ op: 'remove', path }] as ScimPatchOperation[] : [{ op: 'replace', path, value: { value: id } } as ScimPatchOperation]
 }
 
 /**
@@ -405,15 +530,19 @@ function canonicalValue (value: unknown): unknown {
  * nothing a PUT cannot (and `active` as "False" is read as false there).
  */
 export function patchedResource (resource: Resource, body: ScimPatchBody): Resource {
-  const operations = body.Operations.map((operation): ScimPatchOperation => {
+  const operations = body.Operations.flatMap((operation): ScimPatchOperation[] => {
     const op = operation.op.toLowerCase()
     if (op !== 'add' && op !== 'replace' && op !== 'remove') throw invalidValue(`"${operation.op}" is not a PATCH operation (add, replace or remove).`)
     const path = operation.path !== undefined && operation.path !== '' ? canonicalPath(operation.path) : undefined
+    const enterprise = path !== undefined ? enterpriseOperations(op, path, operation.value) : undefined
+    if (enterprise !== undefined) return enterprise
     if (op === 'remove') {
       if (path === undefined) throw new AppError('invalid_path', 400, 'A remove operation needs a path.')
-      return { op, path, ...(operation.value !== undefined ? { value: operation.value } : {}) } as ScimPatchOperation
+      // A manager is removed whatever value names it (Entra may send the one it removes).
+      if (path === MANAGER_PATH) return [{ op, path } as ScimPatchOperation]
+      return [{ op, path, ...(operation.value !== undefined ? { value: operation.value } : {}) } as ScimPatchOperation]
     }
-    return { op, ...(path !== undefined ? { path } : {}), value: path === undefined ? canonicalValue(operation.value) : operation.value } as ScimPatchOperation
+    return [{ op, ...(path !== undefined ? { path } : {}), value: path === undefined ? canonicalValue(operation.value) : operation.value } as ScimPatchOperation]
   })
   try {
     return scimPatch(structuredClone(resource) as never, operations, { mutateDocument: false, treatMissingAsAdd: true }) as Resource
@@ -502,7 +631,8 @@ export async function listScimUsersPage (db: Db, baseUrl: string, query: ScimLis
   if (sortColumn === undefined) throw invalidValue(`Users cannot be sorted by "${query.sortBy!}".`)
   const page = await filtered(async () => await listScimUsers(db, { filter, sortColumn, descending, offset: startIndex - 1, limit: count }))
   const groups = await findGroupsOfUsers(db, page.rows.map(row => row.id))
-  const Resources = page.rows.map(row => project(userResource(row, baseUrl, groups.get(row.id) ?? []), query.attributes, query.excludedAttributes))
+  const managerNames = await findManagerNames(db, page.rows.flatMap(row => row.manager_id !== null ? [row.manager_id] : []))
+  const Resources = page.rows.map(row => project(userResource(row, baseUrl, groups.get(row.id) ?? [], managerNames), query.attributes, query.excludedAttributes))
   return { totalResults: page.total, startIndex, itemsPerPage: Resources.length, Resources }
 }
 

@@ -21,6 +21,7 @@ import {
   insertEventRows,
   insertUser,
   insertUsers,
+  listReportIds,
   lockEnabledAdminIds,
   toUser,
   updateUser,
@@ -74,10 +75,17 @@ export interface NewUser {
   display_name?: string | null | undefined
   formatted_name?: string | null | undefined
   scim_emails?: ScimEmail[] | null | undefined
+  /** SCIM's enterprise extension (migration 0017); `manager_id` is one of our users, checked by the caller. */
+  employee_number?: string | null | undefined
+  cost_center?: string | null | undefined
+  organization?: string | null | undefined
+  division?: string | null | undefined
+  department?: string | null | undefined
+  manager_id?: string | null | undefined
 }
 
 /** The SCIM fields of a user, as `user.created` and `user.updated` events name them. */
-const SCIM_FIELDS = ['external_id', 'display_name', 'formatted_name', 'scim_emails'] as const
+const SCIM_FIELDS = ['external_id', 'display_name', 'formatted_name', 'scim_emails', 'employee_number', 'cost_center', 'organization', 'division', 'department', 'manager_id'] as const
 
 /** JSON with every object's keys in order: PostgreSQL's jsonb gives keys back in an order of its own. */
 function sortedJson (value: unknown): string {
@@ -121,7 +129,13 @@ export function newUserRow (input: NewUser, passwordHash: string | null, hasPass
     ...(input.external_id != null ? { external_id: input.external_id } : {}),
     ...(input.display_name != null ? { display_name: input.display_name } : {}),
     ...(input.formatted_name != null ? { formatted_name: input.formatted_name } : {}),
-    ...(input.scim_emails != null ? { scim_emails: JSON.stringify(input.scim_emails) } : {})
+    ...(input.scim_emails != null ? { scim_emails: JSON.stringify(input.scim_emails) } : {}),
+    ...(input.employee_number != null ? { employee_number: input.employee_number } : {}),
+    ...(input.cost_center != null ? { cost_center: input.cost_center } : {}),
+    ...(input.organization != null ? { organization: input.organization } : {}),
+    ...(input.division != null ? { division: input.division } : {}),
+    ...(input.department != null ? { department: input.department } : {}),
+    ...(input.manager_id != null ? { manager_id: input.manager_id } : {})
   }
 }
 
@@ -402,6 +416,11 @@ export async function deleteUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
   await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
   await endSessionsRecorded(trx, ctx, id, 'user_deleted')
+  // Their reports lose their manager as any change is made: a new version and a
+  // `user.updated` each, so a SCIM client's ETag of a report sees the change.
+  for (const reportId of await listReportIds(trx, id)) {
+    await changeUserRecorded(trx, ctx, reportId, { manager_id: null }, { lastAdmin: 'refuse', extra: { reason: 'manager_deleted' } })
+  }
   const groupIds = await listGroupIdsOfUser(trx, id)
   // The memberships go with the row (ON DELETE CASCADE).
   await deleteUser(trx, id)

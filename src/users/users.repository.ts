@@ -106,6 +106,12 @@ export async function updateUser (db: Db, id: string, expectedVersion: number, c
     .returning(PUBLIC_COLUMNS).executeTakeFirst()
 }
 
+/** The users whose SCIM manager (`manager_id`, migration 0017) is this user, by the index on it. */
+export async function listReportIds (db: Db, managerId: string): Promise<string[]> {
+  const rows = await db.selectFrom('users').select('id').where('manager_id', '=', managerId).orderBy('id').execute()
+  return rows.map(row => row.id)
+}
+
 export async function deleteUser (db: Db, id: string): Promise<boolean> {
   const result = await db.deleteFrom('users').where('id', '=', id).executeTakeFirst()
   return result.numDeletedRows > 0n
