@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict'
 import { after, describe, it } from 'node:test'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 import { waitFor } from './webhook-receiver.ts'
 import { listen, runCli } from './cli-helpers.ts'
@@ -138,6 +138,25 @@ for (const dialect of dialects()) {
       }
       assert.equal(smtp.mailTo(disabled.email).length, 0)
       assert.equal(smtp.mailTo(ssoOnly.email).length, 0)
+    })
+
+    it('writes every request as one sealed outbox row, the same for a known and an unknown name, and leaves none behind a name that gets no mail', async () => {
+      const queueOnly = await createTestApp(dialect, { ...mailSettings(smtp), mailDelivery: false })
+      try {
+        const user = await createUser(queueOnly)
+        const unknown = `nobody_${uniqueName()}@example.test`
+        for (const body of [{ email: user.email }, { email: unknown }]) assert.equal((await requestReset(queueOnly, body)).statusCode, 202)
+        const rows = await queueOnly.app.db.selectFrom('mail_outbox').select(['template', 'user_id', 'status', 'attempts', 'payload']).execute()
+        assert.deepEqual(rows.map(r => [r.template, r.user_id, r.status, r.attempts]), [['password_reset_request', null, 'pending', 0], ['password_reset_request', null, 'pending', 0]])
+        for (const row of rows) assert.ok(!row.payload!.includes(user.username) && !row.payload!.includes('nobody_'), 'the name typed is sealed')
+        assert.equal((await queueOnly.app.db.selectFrom('events').select('id').where('type', '=', 'user.password_reset_requested').execute()).length, 0, 'nothing is decided before a worker resolves it')
+      } finally {
+        await queueOnly.app.close()
+      }
+      const res = await requestReset(t, { username: uniqueName('ghost') })
+      assert.equal(await outcomeOf(t, res.headers['x-request-id'] as string), 'no_account')
+      const requests = await t.app.db.selectFrom('mail_outbox').select('id').where('template', '=', 'password_reset_request').execute()
+      assert.equal(requests.length, 0, 'a resolved request leaves no row')
     })
 
     it('an admin\'s reset link is mailed to the user, not returned', async () => {
