@@ -48,6 +48,7 @@ import { mailKeyOf, MailPolicyPlugin } from './mail/mail.outbox.ts'
 import { deleteFinishedMailBefore } from './mail/mail.repository.ts'
 import { MailTemplates } from './mail/mail.templates.ts'
 import { MailWorker } from './mail/mail.worker.ts'
+import { PASSWORD_RESET_REQUEST, resolvePasswordResetRequest } from './password-resets/password-resets.service.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
@@ -286,6 +287,8 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   // What a request started and does not wait for (a password-reset request's look-up), finished before the database closes.
   const background = new BackgroundTasks(app.log)
   app.addHook('preClose', async () => { await background.drain() })
+  // With SMTP a reset request is queued in the outbox and resolved by the mail worker, which imports no service.
+  mail?.resolveRequests(PASSWORD_RESET_REQUEST, async (trx, data) => await resolvePasswordResetRequest({ failures, config }, trx, data))
 
   registerErrorHandling(app)
   for (const schema of [...SHARED_SCHEMAS, ...WEBHOOK_SCHEMAS]) app.addSchema(schema)

@@ -2,10 +2,11 @@ import type { FastifyBaseLogger } from 'fastify'
 
 /**
  * Work a request starts and does not wait for, run after its answer: what
- * must not change the answer's timing (a password-reset request for an
- * account that exists or does not). Each task is awaited on close, so a
- * stopping instance finishes what it accepted; a crash loses what had not
- * run, which the requester sees as no mail and can ask again.
+ * must not change the answer's timing (without SMTP, recording what a
+ * password-reset request would have come to). Each task is awaited on close,
+ * so a stopping instance finishes what it accepted; a crash loses what had
+ * not run, so nothing that must survive one belongs here: that goes to the
+ * mail outbox (mail.outbox.ts, enqueueMailRequest).
  */
 export class BackgroundTasks {
   private readonly running = new Set<Promise<void>>()

@@ -119,15 +119,39 @@ export async function enqueueMail (trx: Db, mail: MailRequest): Promise<boolean>
   const policy = mailPolicyOf(trx)
   if (policy?.sending !== true) return false
   const id = newId()
-  const payload: MailPayload = { to: mail.to, data: mail.data }
   await insertMail(trx, {
     id,
     user_id: mail.userId ?? null,
     template: mail.template,
-    payload: seal(policy.sealKey ?? await databaseMailKey(trx), JSON.stringify(payload), contextOf(id)),
+    payload: await sealPayload(trx, id, { to: mail.to, data: mail.data }),
     created_at: nowIso()
   })
   queued.emit('queued')
+  return true
+}
+
+/** Seals a payload for the outbox row `id`, under the deployment's key (see databaseMailKey). */
+export async function sealPayload (trx: Db, id: string, payload: MailPayload): Promise<string> {
+  return seal(mailPolicyOf(trx)?.sealKey ?? await databaseMailKey(trx), JSON.stringify(payload), contextOf(id))
+}
+
+/**
+ * Queues a request that the mail worker resolves into a message later, or
+ * into none: a row of kind `kind` (not a template) whose sealed payload holds
+ * `data`. The worker hands it to the resolver app.ts registered for the kind
+ * (MailWorker.resolveRequests), which decides and writes in one transaction
+ * with the row's change (docs/email.md#password-reset). What a request
+ * handler must not decide before answering goes here: the row is the same
+ * whatever `data` names, and survives a crash after the answer. Returns
+ * false, queueing nothing, without SMTP.
+ */
+export async function enqueueMailRequest (trx: Db, kind: string, data: Record<string, unknown>): Promise<boolean> {
+  if (TEMPLATE_NAMES.has(kind)) throw new Error(`the mail request kind ${kind} is the name of a template`)
+  if (mailPolicyOf(trx)?.sending !== true) return false
+  const id = newId()
+  await insertMail(trx, { id, user_id: null, template: kind, payload: await sealPayload(trx, id, { to: '', data }), created_at: nowIso() })
+  // A hint on a later turn of the event loop: what the request names is looked at after its answer is on its way.
+  setImmediate(() => { queued.emit('queued') })
   return true
 }
 

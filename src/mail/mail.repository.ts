@@ -82,6 +82,25 @@ export async function completeMail (trx: Db, id: string, token: string, outcome:
   return Number(updated.numUpdatedRows) > 0
 }
 
+/**
+ * Turns a claimed request row (mail.outbox.ts, enqueueMailRequest) into the
+ * message it resolved to, keeping the claim (for `leaseUntil`) so the worker
+ * that resolved it sends it next; false when the claim is no longer ours.
+ */
+export async function turnRequestIntoMail (trx: Db, id: string, token: string, mail: { template: string, userId: string | null, payload: string, leaseUntil: string }): Promise<boolean> {
+  const updated = await trx.updateTable('mail_outbox')
+    .set({ template: mail.template, user_id: mail.userId, payload: mail.payload, locked_until: mail.leaseUntil })
+    .where('id', '=', id).where('lock_token', '=', token).where('status', '=', 'pending')
+    .executeTakeFirst()
+  return Number(updated.numUpdatedRows) > 0
+}
+
+/** Removes a claimed request row that resolved to no message; false when the claim is no longer ours. */
+export async function deleteClaimedRequest (trx: Db, id: string, token: string): Promise<boolean> {
+  const deleted = await trx.deleteFrom('mail_outbox').where('id', '=', id).where('lock_token', '=', token).where('status', '=', 'pending').executeTakeFirst()
+  return Number(deleted.numDeletedRows) > 0
+}
+
 export async function findMail (db: Db, id: string): Promise<MailRow | undefined> {
   return await db.selectFrom('mail_outbox').selectAll().where('id', '=', id).executeTakeFirst()
 }

@@ -7,8 +7,8 @@ import type { Config } from '../config.ts'
 import type { Db } from '../db/database.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { publicBase, publicLink } from '../lib/public-url.ts'
-import { databaseMailKey, mailKeyOf, onMailQueued, openPayload } from './mail.outbox.ts'
-import { claimMails, completeMail, type MailRow } from './mail.repository.ts'
+import { databaseMailKey, mailKeyOf, onMailQueued, openPayload, sealPayload, type MailRequest } from './mail.outbox.ts'
+import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
 import { TemplateError, type MailTemplates } from './mail.templates.ts'
 import { SecretBoxError } from '../mfa/secret-box.ts'
 
@@ -75,6 +75,20 @@ export async function createTransport (settings: MailWorkerSettings): Promise<Tr
 interface SendError { message: string, permanent: boolean }
 
 /**
+ * Decides what a queued request (mail.outbox.ts, enqueueMailRequest) comes
+ * to, given what it was queued with: the message to send, or none. It writes
+ * what goes with that decision (a token, an event) in `trx`, the transaction
+ * that also turns the request's row into the message or removes it, so a
+ * crash before that commits leaves the request to be resolved again, and one
+ * after it leaves an ordinary message. app.ts registers one per kind: the
+ * worker imports no service.
+ */
+export type MailRequestResolver = (trx: Db, data: Record<string, unknown>) => Promise<MailRequest | undefined>
+
+/** Thrown in a resolving transaction to roll it back when the request's claim has passed to another worker. */
+class ClaimLost extends Error {}
+
+/**
  * A refusal the server says is final for this message (5xx to the recipient,
  * RCPT TO, or to the message, DATA) gives the message up. Anything else is
  * retried: a 4xx, a connection that failed or stalled, and a 5xx to the
@@ -115,6 +129,7 @@ export class MailWorker {
   /** Cuts the conversations in flight when a stop has waited STOP_GRACE_MS. */
   #cut = new AbortController()
   readonly #observers: Array<(observation: MailObservation) => void> = []
+  readonly #resolvers = new Map<string, MailRequestResolver>()
   /** The keys payloads may be sealed under: the configured one first, then the database's. */
   #keys: Buffer[] | undefined
   #timer: NodeJS.Timeout | undefined
@@ -139,6 +154,11 @@ export class MailWorker {
 
   onAttempt (observer: (observation: MailObservation) => void): void {
     this.#observers.push(observer)
+  }
+
+  /** Resolves queued requests of `kind` with `resolver` (see MailRequestResolver). */
+  resolveRequests (kind: string, resolver: MailRequestResolver): void {
+    this.#resolvers.set(kind, resolver)
   }
 
   start (): void {
@@ -210,7 +230,9 @@ export class MailWorker {
         this.#wakeRetry = WAKE_RETRIES_MS.length
         await Promise.all(claimed.map(async mail => {
           try {
-            await this.#send(mail, this.#keys!)
+            const resolver = this.#resolvers.get(mail.template)
+            const message = resolver !== undefined ? await this.#resolve(mail, resolver, this.#keys!) : mail
+            if (message !== undefined) await this.#send(message, this.#keys!)
           } catch (err) {
             // Left claimed: the lease runs out and the message is tried again.
             this.#log.warn({ err, mail: mail.id }, 'could not record a mail attempt')
@@ -251,6 +273,54 @@ export class MailWorker {
           : caught instanceof TemplateError ? { message: caught.message, permanent: true } : sendErrorOf(caught)
       }
     }
+    await this.#record(mail, error, started, true)
+  }
+
+  /**
+   * Resolves a claimed request: the message it became (still claimed by this
+   * worker, to be sent next), or undefined when it came to none, was recorded
+   * as to be tried again (a failure: back-off as for a send), or was taken
+   * over by another worker. Nothing the request holds is logged: it may name
+   * an account that does not exist.
+   */
+  async #resolve (mail: MailRow, resolver: MailRequestResolver, keys: Buffer[]): Promise<MailRow | undefined> {
+    const started = Date.now()
+    if (mail.payload === null) {
+      await this.#record(mail, { message: 'the request has no payload', permanent: true }, started, false)
+      return undefined
+    }
+    let data: Record<string, unknown>
+    try {
+      data = openPayload(keys, mail.id, mail.payload).data
+    } catch (caught) {
+      if (!(caught instanceof SecretBoxError)) throw caught
+      await this.#record(mail, { message: `the payload does not open: ${caught.message}`, permanent: true }, started, false)
+      return undefined
+    }
+    const leaseUntil = new Date(Date.now() + this.#leaseMs).toISOString()
+    try {
+      return await this.#db.transaction().execute(async trx => {
+        const message = await resolver(trx, data)
+        if (message === undefined) {
+          if (!await deleteClaimedRequest(trx, mail.id, mail.lock_token!)) throw new ClaimLost()
+          return undefined
+        }
+        const payload = await sealPayload(trx, mail.id, { to: message.to, data: message.data })
+        const userId = message.userId ?? null
+        if (!await turnRequestIntoMail(trx, mail.id, mail.lock_token!, { template: message.template, userId, payload, leaseUntil })) throw new ClaimLost()
+        return { ...mail, template: message.template, user_id: userId, payload, locked_until: leaseUntil }
+      })
+    } catch (caught) {
+      if (caught instanceof ClaimLost) return undefined
+      // The error's message only (a database's failure), never the request's values.
+      this.#log.warn({ mail: mail.id, kind: mail.template, error: caught instanceof Error ? caught.message : String(caught) }, 'could not resolve a mail request; will try again')
+      await this.#record(mail, { message: 'the request could not be resolved', permanent: false }, started, false)
+      return undefined
+    }
+  }
+
+  /** Records an attempt's outcome if the claim still holds: sent, to be tried again, or given up (`mail.sent`, `mail.failed`). */
+  async #record (mail: MailRow, error: SendError | undefined, started: number, observed: boolean): Promise<void> {
     const done = Date.now()
     const createdAt = new Date(mail.created_at).getTime()
     const givingUp = error !== undefined && (error.permanent || done >= createdAt + this.#settings.mailRetryHorizonMs)
@@ -274,6 +344,7 @@ export class MailWorker {
     })
     if (!recorded) return
     if (error !== undefined) this.#log.warn({ mail: mail.id, template: mail.template, attempts: mail.attempts + 1, error: error.message, givenUp: givingUp }, 'mail not sent')
+    if (!observed) return
     for (const observe of this.#observers) {
       observe({
         outcome: status === 'sent' ? 'sent' : status === 'failed' ? 'failed' : 'retry',

@@ -10,20 +10,28 @@ import type { PasswordHasher } from '../lib/passwords.ts'
 import type { FailureCounter } from '../sessions/failure-counter.ts'
 import { listIdentitiesOfUser } from '../sso/identities.repository.ts'
 import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
-import { issueAndMailToken } from '../tokens/token-mail.ts'
+import { issueAndMailToken, issueTokenMail } from '../tokens/token-mail.ts'
 import { findLiveToken, findTokenHolder, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
-import { isMailSending } from '../mail/mail.outbox.ts'
+import { enqueueMailRequest, isMailSending, type MailRequest } from '../mail/mail.outbox.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import { clearSignInLock, findUserById, type UserRow } from '../users/users.repository.ts'
 
 /*
  * Password reset (docs/email.md#password-reset). A request is answered at
- * once, the same 202 for every name: looking the account up, deciding, and
- * issuing and mailing the link run after the answer (lib/background.ts), so
- * neither the answer nor its time tells whether an account exists, is
- * disabled, or signs in only through single sign-on. What became of each
- * request is in the event log (`user.password_reset_requested`, `outcome`).
+ * once, the same 202 for every name, after the same work for every name:
+ * looking the account up, deciding, and issuing and mailing the link happen
+ * after the answer, so neither the answer nor its time tells whether an
+ * account exists, is disabled, or signs in only through single sign-on. With
+ * SMTP the request is first written to the mail outbox (a request row, sealed),
+ * and the mail worker resolves it (resolvePasswordResetRequest), so a crash
+ * after the answer loses nothing; without SMTP nothing can be mailed and the
+ * look-up runs in-process (lib/background.ts) to record the outcome. What
+ * became of each request is in the event log (`user.password_reset_requested`,
+ * `outcome`).
  */
+
+/** The kind of the outbox row a reset request is queued as (mail/mail.outbox.ts, enqueueMailRequest). */
+export const PASSWORD_RESET_REQUEST = 'password_reset_request'
 
 export interface PasswordResetsDeps {
   db: Db
@@ -54,8 +62,9 @@ function throttled (resetMs: number, limit: number): AppError {
 
 /**
  * Takes the request and answers: throttled per name as typed and per client
- * address (neither depends on whether the name exists), then the rest runs in
- * the background. PASSWORD_SIGN_IN=off answers 403 to everyone alike.
+ * address (neither depends on whether the name exists), then queued as a
+ * request row in its own short transaction (with SMTP), or left to a
+ * background task (without). PASSWORD_SIGN_IN=off answers 403 to everyone alike.
  */
 export async function requestPasswordReset (deps: PasswordResetsDeps, ctx: RequestContext, identifier: string): Promise<void> {
   if (!deps.config.passwordSignIn) throw notOffered()
@@ -67,7 +76,18 @@ export async function requestPasswordReset (deps: PasswordResetsDeps, ctx: Reque
     { key: `reset:addr:${ctx.clientIp ?? 'unknown'}`, limit: limit * 4 }
   ], HOUR_MS)
   if (!reservation.allowed) throw throttled(reservation.resetMs, reservation.limit)
-  deps.background.run('password_reset_request', async () => { await issueReset(deps, ctx, key) })
+  if (isMailSending(deps.db)) {
+    const request: QueuedRequest = { key, ctx }
+    await deps.db.transaction().execute(async trx => { await enqueueMailRequest(trx, PASSWORD_RESET_REQUEST, { ...request }) })
+    return
+  }
+  deps.background.run('password_reset_request', async () => { await recordUnmailableRequest(deps, ctx, key) })
+}
+
+/** What a queued reset request holds, sealed: the name as typed (trimmed, lower case) and the request's context for its event. */
+interface QueuedRequest {
+  key: string
+  ctx: RequestContext
 }
 
 /** Whether this account may reset its password, and why not. */
@@ -83,33 +103,43 @@ async function eligibility (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, use
   return undefined
 }
 
-async function issueReset (deps: PasswordResetsDeps, ctx: RequestContext, key: string): Promise<void> {
-  const userId = await findTokenHolder(deps.db, key, 'password_reset')
-  const user = userId !== undefined ? await findUserById(deps.db, userId) : undefined
+/** The account a name typed for a reset names, and why it gets no link (undefined: it gets one). */
+async function decide (deps: Pick<PasswordResetsDeps, 'failures' | 'config'>, db: Db, key: string): Promise<{ user: UserRow | undefined, outcome: RequestOutcome | undefined }> {
+  const userId = await findTokenHolder(db, key, 'password_reset')
+  const user = userId !== undefined ? await findUserById(db, userId) : undefined
+  if (user === undefined) return { user, outcome: 'no_account' }
+  const outcome = await eligibility({ db, config: deps.config }, user)
+  if (outcome !== undefined) return { user, outcome }
+  const reservation = await deps.failures.reserve([{ key: `reset:acct:${user.id}`, limit: deps.config.passwordResetMaxPerHour }], HOUR_MS)
+  return { user, outcome: reservation.allowed ? undefined : 'throttled' }
+}
+
+/** Without SMTP: what would have become of the request, recorded; no link is made, since none could reach the owner (an admin issues one instead). */
+async function recordUnmailableRequest (deps: PasswordResetsDeps, ctx: RequestContext, key: string): Promise<void> {
+  const { user, outcome } = await decide(deps, deps.db, key)
+  const target = user !== undefined ? { type: 'user', id: user.id } : null
+  await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier: key.slice(0, 254), outcome: outcome ?? 'mail_unavailable' })
+}
+
+/**
+ * Resolves a queued reset request in the mail worker's transaction `trx`
+ * (registered by app.ts: MailWorker.resolveRequests): looks the account up,
+ * applies the rules and the per-account throttle, and either issues the token
+ * and returns its message, which the worker writes in place of the request,
+ * or returns none; the event is recorded in `trx` either way, so the request
+ * is resolved exactly once.
+ */
+export async function resolvePasswordResetRequest (deps: Pick<PasswordResetsDeps, 'failures' | 'config'>, trx: Db, data: Record<string, unknown>): Promise<MailRequest | undefined> {
+  const { key, ctx } = data as unknown as QueuedRequest
   const identifier = key.slice(0, 254)
-  if (user === undefined) {
-    await recordEvent(deps.db, ctx, 'user.password_reset_requested', null, { identifier, outcome: 'no_account' })
-    return
+  const { user, outcome } = await decide(deps, trx, key)
+  if (user === undefined || outcome !== undefined) {
+    await recordEvent(trx, ctx, 'user.password_reset_requested', user !== undefined ? { type: 'user', id: user.id } : null, { identifier, outcome: outcome ?? 'no_account' })
+    return undefined
   }
-  const target = { type: 'user', id: user.id }
-  let outcome = await eligibility(deps, user)
-  if (outcome === undefined) {
-    const reservation = await deps.failures.reserve([{ key: `reset:acct:${user.id}`, limit: deps.config.passwordResetMaxPerHour }], HOUR_MS)
-    if (!reservation.allowed) outcome = 'throttled'
-  }
-  if (outcome !== undefined) {
-    await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome })
-    return
-  }
-  // Without SMTP no link could reach the owner: none is made (an admin sets a password instead).
-  if (!isMailSending(deps.db)) {
-    await recordEvent(deps.db, ctx, 'user.password_reset_requested', target, { identifier, outcome: 'mail_unavailable' })
-    return
-  }
-  await deps.db.transaction().execute(async trx => {
-    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
-    await recordEvent(trx, ctx, 'user.password_reset_requested', target, { identifier, outcome: issued.mailed ? 'mailed' : 'mail_unavailable', expires_at: issued.expiresAt })
-  })
+  const issued = await issueTokenMail(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email!, lifetimeMs: deps.config.passwordResetLifetimeMs })
+  await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { identifier, outcome: 'mailed', expires_at: issued.expiresAt })
+  return issued.mail
 }
 
 /** Why an administrator cannot issue a reset link for an account. */

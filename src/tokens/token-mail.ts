@@ -1,7 +1,7 @@
 import type { Config } from '../config.ts'
 import type { AccountTokenPurpose, Db } from '../db/database.ts'
 import { publicLink } from '../lib/public-url.ts'
-import { enqueueMail, isMailSending } from '../mail/mail.outbox.ts'
+import { enqueueMail, isMailSending, type MailRequest } from '../mail/mail.outbox.ts'
 import { issueToken, type IssuedToken } from './tokens.repository.ts'
 
 /** The page each purpose's link opens, under the base path (account/account-pages.ts). */
@@ -32,21 +32,36 @@ export interface TokenIssue {
 }
 
 /**
+ * Issues a token bound to the address `to` and returns the message that
+ * carries it (template named as the purpose: the link, the code and when they
+ * stop working), for a caller that writes the message itself: the mail worker
+ * turning a queued request into its message (mail/mail.worker.ts).
+ */
+export async function issueTokenMail (trx: Db, config: LinkConfig, input: TokenIssue & { to: string }): Promise<IssuedToken & { url: string, mail: MailRequest }> {
+  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: input.to, lifetimeMs: input.lifetimeMs })
+  const url = tokenLink(config, input.purpose, issued.token)
+  return { ...issued, url, mail: tokenMailOf(config, input, input.to, issued, url) }
+}
+
+function tokenMailOf (config: LinkConfig, input: TokenIssue, to: string, issued: IssuedToken, url: string): MailRequest {
+  return {
+    to,
+    template: input.purpose,
+    userId: input.userId,
+    data: { username: input.username, link: url, code: issued.code, expires_at: issued.expiresAt, code_page: publicLink(config, TOKEN_PAGES[input.purpose]) }
+  }
+}
+
+/**
  * Issues a token and, when this deployment sends mail and there is an
- * address, queues its mail (template named as the purpose: the link, the
- * code and when they stop working) in the caller's transaction. A mailed
- * token is bound to the address it went to. `issued.mailed` false: nothing
- * was sent, and the caller decides who gets the link.
+ * address, queues its mail in the caller's transaction. A mailed token is
+ * bound to the address it went to. `issued.mailed` false: nothing was sent,
+ * and the caller decides who gets the link.
  */
 export async function issueAndMailToken (trx: Db, config: LinkConfig, input: TokenIssue): Promise<IssuedToken & { url: string, mailed: boolean }> {
   const mailing = input.to !== null && isMailSending(trx)
   const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: mailing ? input.to : null, lifetimeMs: input.lifetimeMs })
   const url = tokenLink(config, input.purpose, issued.token)
-  const mailed = mailing && await enqueueMail(trx, {
-    to: input.to!,
-    template: input.purpose,
-    userId: input.userId,
-    data: { username: input.username, link: url, code: issued.code, expires_at: issued.expiresAt, code_page: publicLink(config, TOKEN_PAGES[input.purpose]) }
-  })
+  const mailed = mailing && await enqueueMail(trx, tokenMailOf(config, input, input.to!, issued, url))
   return { ...issued, url, mailed }
 }
