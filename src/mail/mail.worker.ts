@@ -8,6 +8,7 @@ import type { Db } from '../db/database.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { publicBase, publicLink } from '../lib/public-url.ts'
 import { databaseMailKey, mailKeyOf, onMailQueued, openPayload, sealPayload, type MailRequest } from './mail.outbox.ts'
+import { PollingLoop } from '../lib/polling-loop.ts'
 import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
 import { TemplateError, type MailTemplates } from './mail.templates.ts'
 import { SecretBoxError } from '../mfa/secret-box.ts'
@@ -28,8 +29,6 @@ export interface MailObservation {
 const CONCURRENCY = 4
 /** At shutdown, how long messages in flight may take to finish before their conversations are cut (they are sent again later). */
 const STOP_GRACE_MS = 5000
-/** After a wake-up finds nothing (the queueing transaction had not committed yet), look again after these delays. */
-const WAKE_RETRIES_MS = [5, 25, 100]
 
 /** The delay before retry number `attempts`: doubling from the base, capped, with jitter. */
 export function mailRetryDelayMs (attempts: number, settings: Pick<MailWorkerSettings, 'mailRetryBaseMs' | 'mailRetryMaxDelayMs'>, random = Math.random()): number {
@@ -132,11 +131,8 @@ export class MailWorker {
   readonly #resolvers = new Map<string, MailRequestResolver>()
   /** The keys payloads may be sealed under: the configured one first, then the database's. */
   #keys: Buffer[] | undefined
-  #timer: NodeJS.Timeout | undefined
-  #running: Promise<void> | undefined
-  #stopped = true
+  readonly #loop: PollingLoop
   #unsubscribe: (() => void) | undefined
-  #wakeRetry = WAKE_RETRIES_MS.length
 
   constructor (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger, transport: Transporter<SMTPTransport.SentMessageInfo>) {
     this.#db = db
@@ -146,6 +142,7 @@ export class MailWorker {
     this.#sendDeadlineMs = 3 * settings.mailTimeoutMs
     this.#leaseMs = this.#sendDeadlineMs + 5000
     this.#transport = transport
+    this.#loop = new PollingLoop(async () => { await this.#cycle() }, settings.mailPollIntervalMs)
   }
 
   static async create (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger): Promise<MailWorker> {
@@ -162,11 +159,10 @@ export class MailWorker {
   }
 
   start (): void {
-    if (!this.#stopped) return
-    this.#stopped = false
+    if (!this.#loop.stopped) return
     this.#cut = new AbortController()
-    this.#unsubscribe = onMailQueued(() => { this.#wake() })
-    this.#schedule(0)
+    this.#unsubscribe = onMailQueued(() => { this.#loop.wake() })
+    this.#loop.start()
   }
 
   /**
@@ -175,41 +171,15 @@ export class MailWorker {
    * well within the shutdown's cap (server.ts).
    */
   async stop (): Promise<void> {
-    this.#stopped = true
     this.#unsubscribe?.()
-    clearTimeout(this.#timer)
+    const ending = this.#loop.stop()
     const cut = setTimeout(() => { this.#cut.abort(new Error('the service is stopping')) }, STOP_GRACE_MS)
     try {
-      await this.#running
+      await ending
     } finally {
       clearTimeout(cut)
     }
     this.#transport.close()
-  }
-
-  #wake (): void {
-    if (this.#stopped) return
-    this.#wakeRetry = 0
-    if (this.#running === undefined) this.#schedule(0)
-  }
-
-  #schedule (delayMs: number): void {
-    clearTimeout(this.#timer)
-    if (this.#stopped) return
-    this.#timer = setTimeout(() => {
-      this.#timer = undefined
-      this.#running = this.#cycle().finally(() => { this.#running = undefined; this.#next() })
-    }, delayMs)
-    this.#timer.unref()
-  }
-
-  #next (): void {
-    if (this.#stopped) return
-    if (this.#wakeRetry < WAKE_RETRIES_MS.length) {
-      this.#schedule(WAKE_RETRIES_MS[this.#wakeRetry++]!)
-      return
-    }
-    this.#schedule(this.#settings.mailPollIntervalMs)
   }
 
   async #cycle (): Promise<void> {
@@ -218,7 +188,7 @@ export class MailWorker {
         const configured = mailKeyOf(this.#settings.mfaEncryptionKey)
         this.#keys = [...(configured !== undefined ? [configured] : []), await databaseMailKey(this.#db)]
       }
-      while (!this.#stopped) {
+      while (!this.#loop.stopped) {
         const now = Date.now()
         const claimed = await claimMails(this.#db, {
           now: new Date(now).toISOString(),
@@ -227,7 +197,7 @@ export class MailWorker {
           limit: CONCURRENCY
         })
         if (claimed.length === 0) return
-        this.#wakeRetry = WAKE_RETRIES_MS.length
+        this.#loop.found()
         await Promise.all(claimed.map(async mail => {
           try {
             const resolver = this.#resolvers.get(mail.template)

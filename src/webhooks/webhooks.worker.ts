@@ -16,6 +16,7 @@ import {
   type WebhookEndpointRow
 } from './webhooks.repository.ts'
 import { createSender, signatureHeader, type SendResult, type Sender } from './webhooks.sender.ts'
+import { PollingLoop } from '../lib/polling-loop.ts'
 import { disableWebhookRecorded, signingSecrets } from './webhooks.service.ts'
 
 export type WorkerSettings = Pick<Config,
@@ -29,9 +30,6 @@ export interface AttemptObservation {
   /** From the event's occurred_at to this successful attempt's end; undefined for failures. */
   lagSeconds: number | undefined
 }
-
-/** After a wake-up finds nothing (the signalling transaction had not committed yet), look again after these delays. */
-const WAKE_RETRIES_MS = [5, 25, 100]
 
 /**
  * The delay before retry number `attempts` (1 = after the first failure):
@@ -57,11 +55,8 @@ export class WebhookWorker {
   /** Long enough for any request to finish (the timeout), with room for recording the result. */
   readonly #leaseMs: number
   readonly #observers: Array<(observation: AttemptObservation) => void> = []
-  #timer: NodeJS.Timeout | undefined
-  #running: Promise<void> | undefined
-  #stopped = true
+  readonly #loop: PollingLoop
   #unsubscribe: (() => void) | undefined
-  #wakeRetry = WAKE_RETRIES_MS.length
 
   constructor (db: Db, settings: WorkerSettings, log: FastifyBaseLogger, userAgent: string) {
     this.#db = db
@@ -69,6 +64,7 @@ export class WebhookWorker {
     this.#log = log
     this.#leaseMs = 2 * settings.webhookTimeoutMs + 1000
     this.#sender = createSender({ timeoutMs: settings.webhookTimeoutMs, allowPrivate: settings.webhookAllowPrivate, userAgent })
+    this.#loop = new PollingLoop(async () => { await this.#cycle() }, settings.webhookPollIntervalMs)
   }
 
   get sender (): Sender {
@@ -80,50 +76,22 @@ export class WebhookWorker {
   }
 
   start (): void {
-    if (!this.#stopped) return
-    this.#stopped = false
-    this.#unsubscribe = onDeliveriesQueued(() => { this.#wake() })
-    this.#schedule(0)
+    if (!this.#loop.stopped) return
+    this.#unsubscribe = onDeliveriesQueued(() => { this.#loop.wake() })
+    this.#loop.start()
   }
 
   /** Stops claiming, and waits for the deliveries in flight to be sent and recorded (bounded by the request timeout). */
   async stop (): Promise<void> {
-    this.#stopped = true
     this.#unsubscribe?.()
-    clearTimeout(this.#timer)
-    await this.#running
+    await this.#loop.stop()
     this.#sender.close()
-  }
-
-  #wake (): void {
-    if (this.#stopped) return
-    this.#wakeRetry = 0
-    if (this.#running === undefined) this.#schedule(0)
-  }
-
-  #schedule (delayMs: number): void {
-    clearTimeout(this.#timer)
-    if (this.#stopped) return
-    this.#timer = setTimeout(() => {
-      this.#timer = undefined
-      this.#running = this.#cycle().finally(() => { this.#running = undefined; this.#next() })
-    }, delayMs)
-    this.#timer.unref()
-  }
-
-  #next (): void {
-    if (this.#stopped) return
-    if (this.#wakeRetry < WAKE_RETRIES_MS.length) {
-      this.#schedule(WAKE_RETRIES_MS[this.#wakeRetry++]!)
-      return
-    }
-    this.#schedule(this.#settings.webhookPollIntervalMs)
   }
 
   /** Claims and delivers until nothing is due (or the worker stops). */
   async #cycle (): Promise<void> {
     try {
-      while (!this.#stopped) {
+      while (!this.#loop.stopped) {
         const limit = this.#settings.webhookConcurrency
         const now = Date.now()
         const claimed = await claimDeliveries(this.#db, {
@@ -133,8 +101,7 @@ export class WebhookWorker {
           limit
         })
         if (claimed.length === 0) return
-        // Something was due: the wake-up did its job.
-        this.#wakeRetry = WAKE_RETRIES_MS.length
+        this.#loop.found()
         await this.#deliverAll(claimed)
         if (claimed.length < limit) return
       }
