@@ -278,12 +278,14 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
         assert.equal(await roleRow(username), undefined)
 
         let log = ''
-        // With log_statement=all every session of the cluster is logged, so on a busy machine the
-        // server's log can lag well behind; the deadline is long, and costs nothing when it is not needed.
         await waitFor(async () => {
-          log = readFileSync(logFile, 'utf8').slice(offset)
+          // `offset` counts bytes (the file's size): cut the bytes, then decode. Decoding first and
+          // cutting characters skipped as many characters as the log held bytes beyond one per
+          // character, and once other tests' logged statements held enough non-ASCII text, that
+          // was all of what this test waits for.
+          log = readFileSync(logFile).subarray(offset).toString('utf8')
           return log.includes(`CREATE ROLE "${name}"`) && log.includes(`CREATE ROLE "${username}"`)
-        }, 30_000)
+        })
         assert.match(log, /permission denied to create role/)
         for (const sentinel of sentinels) {
           assert.ok(!log.includes(sentinel), 'the plaintext password is in the server log')
