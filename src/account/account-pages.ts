@@ -3,7 +3,7 @@ import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
-import { CSP, STYLE } from '../lib/page-style.ts'
+import { CSP, smallPage } from '../lib/page-style.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { acceptInvitation } from '../sign-in/invitation.flow.ts'
@@ -26,21 +26,7 @@ import type { AccountDeps } from './account.routes.ts'
 function page (title: string, body: string, options: { error?: string, notice?: string } = {}): string {
   const error = options.error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(options.error)}</p>\n` : ''
   const notice = options.notice !== undefined ? `<p role="status" id="notice">${escapeHtml(options.notice)}</p>\n` : ''
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${escapeHtml(title)}</title>
-<style>${STYLE}</style>
-</head>
-<body>
-<main>
-<h1>${escapeHtml(title)}</h1>
-${error}${notice}${body}</main>
-</body>
-</html>
-`
+  return smallPage({ title, body: `${error}${notice}${body}` })
 }
 
 function send (reply: FastifyReply, status: number, html: string): FastifyReply {

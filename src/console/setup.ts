@@ -7,7 +7,7 @@ import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
-import { CSP, STYLE } from '../lib/page-style.ts'
+import { CSP, smallPage } from '../lib/page-style.ts'
 import { type SessionsDeps } from '../sessions/sessions.types.ts'
 import { reserveAttempt } from '../sessions/throttle.ts'
 import { signIn } from '../sign-in/password.flow.ts'
@@ -23,21 +23,7 @@ interface FormState {
 }
 
 function page (title: string, body: string): string {
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${escapeHtml(title)}</title>
-<style>${STYLE}</style>
-</head>
-<body>
-<main>
-<h1>${escapeHtml(title)}</h1>
-${body}</main>
-</body>
-</html>
-`
+  return smallPage({ title, body })
 }
 
 function fieldError (errors: FieldErrors | undefined, name: string): string {

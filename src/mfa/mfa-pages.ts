@@ -7,6 +7,7 @@ import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_
 import type { Principal } from '../auth/principal.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
+import { smallPage } from '../lib/page-style.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { type SessionsDeps, type SignIn } from '../sessions/sessions.types.ts'
@@ -44,25 +45,17 @@ const WEBAUTHN_BUNDLE = readFileSync(new URL('../dist/bundle/index.umd.min.js', 
 
 function layout (basePath: string, title: string, body: string, error?: string): string {
   const alert = error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(error)}</p>\n` : ''
-  return `<!doctype html>
-<html lang="en" data-base="${escapeHtml(basePath)}">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>${escapeHtml(title)}</title>
-<style>${STYLE}</style>
-<script src="${basePath}/assets/webauthn.js" defer></script>
+  return smallPage({
+    title,
+    style: STYLE,
+    htmlAttributes: ` data-base="${escapeHtml(basePath)}"`,
+    head: `<script src="${basePath}/assets/webauthn.js" defer></script>
 <script src="${basePath}/assets/mfa.js" defer></script>
-</head>
-<body>
-<main>
-<h1>${escapeHtml(title)}</h1>
-${alert}${body}
+`,
+    body: `${alert}${body}
 <p id="passkey-status" role="status"></p>
-</main>
-</body>
-</html>
 `
+  })
 }
 
 /** A stored time as the pages show it: "2026-11-24 16:05 UTC". */

@@ -9,7 +9,7 @@ import { type SessionsDeps } from './sessions.types.ts'
 import { signIn } from '../sign-in/password.flow.ts'
 import { authenticateSession, signOut } from './sessions.service.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
-import { CSP, STYLE } from '../lib/page-style.ts'
+import { CSP, smallPage } from '../lib/page-style.ts'
 import { sendMfaStep } from '../mfa/mfa-pages.ts'
 import { signInProviders } from '../sso/oidc.service.ts'
 
@@ -30,23 +30,12 @@ function page (basePath: string, options: { next: string | undefined, username?:
   // One link per enabled OpenID Connect provider (docs/sso.md).
   const sso = (options.providers ?? []).map(p => `<p><a class="sso" href="${basePath}/sso/${p.id}/start${query}">Sign in with ${escapeHtml(p.displayName)}</a></p>\n`).join('')
   const error = options.error !== undefined ? `<p class="error" role="alert" id="error">${escapeHtml(options.error)}</p>` : ''
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Sign in</title>
-<style>${STYLE}</style>
-</head>
-<body>
-<main>
-<h1>Sign in</h1>
-${error}
+  return smallPage({
+    title: 'Sign in',
+    body: `${error}
 ${options.passwordForm === false ? '' : passwordFormHtml(basePath, options)}<p><a href="${basePath}/login/passkey${options.next !== undefined ? `?next=${encodeURIComponent(options.next)}` : ''}">Sign in with a passkey</a></p>
-${sso}</main>
-</body>
-</html>
-`
+${sso}`
+  })
 }
 
 /**
@@ -56,18 +45,9 @@ ${sso}</main>
  */
 function signedInPage (basePath: string, user: PrincipalUser, continueTo: string | undefined): string {
   const onward = continueTo !== undefined ? `<p><a href="${escapeHtml(continueTo)}">Continue</a></p>\n` : ''
-  return `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>Signed in</title>
-<style>${STYLE}</style>
-</head>
-<body>
-<main>
-<h1>Signed in</h1>
-<dl>
+  return smallPage({
+    title: 'Signed in',
+    body: `<dl>
 <dt>Username</dt>
 <dd id="username">${escapeHtml(user.username)}</dd>
 <dt>Role</dt>
@@ -76,10 +56,8 @@ function signedInPage (basePath: string, user: PrincipalUser, continueTo: string
 ${onward}<form method="post" action="${basePath}/logout">
 <button type="submit">Sign out</button>
 </form>
-</main>
-</body>
-</html>
 `
+  })
 }
 
 function sendPage (reply: FastifyReply, status: number, html: string): FastifyReply {

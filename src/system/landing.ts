@@ -1,6 +1,6 @@
 import type { FastifyTypeBox } from '../lib/http.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
-import { CSP, STYLE } from '../lib/page-style.ts'
+import { CSP, smallPage } from '../lib/page-style.ts'
 
 /**
  * `${basePath}` and `${basePath}/`: where someone who typed the service's
@@ -16,27 +16,16 @@ export default async function landingRoutes (app: FastifyTypeBox): Promise<void>
     console: `${base}/admin`,
     login: `${base}/login`
   }
-  const html = `<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>gatehouse</title>
-<style>${STYLE}</style>
-</head>
-<body>
-<main>
-<h1>gatehouse</h1>
-<p>The Auth API of the workflow and data-pipeline service.</p>
+  const html = smallPage({
+    title: 'gatehouse',
+    body: `<p>The Auth API of the workflow and data-pipeline service.</p>
 <ul>
 <li><a href="${escapeHtml(links.docs)}">API documentation</a></li>
 <li><a href="${escapeHtml(links.console)}">Admin console</a></li>
 <li><a href="${escapeHtml(links.login)}">Sign in</a></li>
 </ul>
-</main>
-</body>
-</html>
 `
+  })
   app.get('/', { schema: { hide: true } }, async (request, reply) => {
     reply.header('Vary', 'Accept')
     if ((request.headers.accept ?? '').includes('text/html')) return sendHtmlPage(reply, 200, html, CSP)
