@@ -1,25 +1,9 @@
 import assert from 'node:assert/strict'
-import { after, describe, it } from 'node:test'
+import { describe, it } from 'node:test'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
-import { SmtpTestServer } from './smtp-server.ts'
+import { mailedCode, mailSettings, PUBLIC_URL, smtpForThisFile } from './mail-flows.ts'
 
-const smtp = await SmtpTestServer.start()
-after(async () => { await smtp.close() })
-
-const PUBLIC_URL = 'https://pipelines.example.test/auth'
-
-function mailSettings (server: SmtpTestServer) {
-  return {
-    smtpUrl: server.url,
-    smtpTrustForTests: [server.certificate],
-    mailFrom: 'gatehouse@example.test',
-    publicUrl: PUBLIC_URL,
-    productName: 'Pipelines',
-    mailPollIntervalMs: 50,
-    mailRetryBaseMs: 100,
-    mailTimeoutMs: 2000
-  }
-}
+const smtp = await smtpForThisFile()
 
 /** A user with an address, signed in: its id, name, address and a bearer header for its session. */
 async function signedInUser (t: TestApp): Promise<{ id: string, username: string, email: string, bearer: Record<string, string> }> {
@@ -37,7 +21,7 @@ async function readUser (t: TestApp, id: string) {
 async function confirmationMail (to: string, count = 1): Promise<{ token: string, code: string, link: string }> {
   const mail = await smtp.waitForMail(to, { count, subject: /confirm your e-mail address/ })
   const link = mail.links.find(l => l.includes('/verify-email?token='))!
-  return { link, token: new URL(link).searchParams.get('token')!, code: /\b([A-Z0-9]{4}-[A-Z0-9]{4})\b/.exec(mail.text)![1]! }
+  return { link, token: new URL(link).searchParams.get('token')!, code: mailedCode(mail.text)! }
 }
 
 for (const dialect of dialects()) {

@@ -1,26 +1,10 @@
 import assert from 'node:assert/strict'
-import { after, describe, it } from 'node:test'
+import { describe, it } from 'node:test'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
-import { SmtpTestServer } from './smtp-server.ts'
+import { mailedCode, mailSettings, PUBLIC_URL, smtpForThisFile } from './mail-flows.ts'
 import { listen, runCli } from './cli-helpers.ts'
 
-const smtp = await SmtpTestServer.start()
-after(async () => { await smtp.close() })
-
-const PUBLIC_URL = 'https://pipelines.example.test/auth'
-
-function mailSettings (server: SmtpTestServer) {
-  return {
-    smtpUrl: server.url,
-    smtpTrustForTests: [server.certificate],
-    mailFrom: 'gatehouse@example.test',
-    publicUrl: PUBLIC_URL,
-    productName: 'Pipelines',
-    mailPollIntervalMs: 50,
-    mailRetryBaseMs: 100,
-    mailTimeoutMs: 2000
-  }
-}
+const smtp = await smtpForThisFile()
 
 interface Invited { id: string, username: string, email: string | null, invitation_pending: boolean, invitation?: { mailed: boolean, expires_at: string, url?: string, code?: string } }
 
@@ -308,7 +292,7 @@ for (const dialect of dialects()) {
       const link = mail.links.find(l => l.includes('/invitation?token='))
       assert.ok(link !== undefined, mail.text)
       assert.ok(link.startsWith(`${PUBLIC_URL}/invitation?token=ght_`))
-      const code = /\b([A-Z0-9]{4}-[A-Z0-9]{4})\b/.exec(mail.text)?.[1]
+      const code = mailedCode(mail.text)
       assert.ok(code !== undefined)
       const res = await accept(t, { login: user.email!, code, password: GOOD_PASSWORD })
       assert.equal(res.statusCode, 200, res.body)

@@ -1,28 +1,12 @@
 import assert from 'node:assert/strict'
-import { after, describe, it } from 'node:test'
+import { describe, it } from 'node:test'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
-import { SmtpTestServer } from './smtp-server.ts'
+import { mailedCode, mailSettings, PUBLIC_URL, smtpForThisFile } from './mail-flows.ts'
 import { waitFor } from './webhook-receiver.ts'
 import { listen, runCli } from './cli-helpers.ts'
 
-const smtp = await SmtpTestServer.start()
-after(async () => { await smtp.close() })
-
-const PUBLIC_URL = 'https://pipelines.example.test/auth'
+const smtp = await smtpForThisFile()
 const NEW_PASSWORD = 'a brand new passphrase for this'
-
-function mailSettings (server: SmtpTestServer) {
-  return {
-    smtpUrl: server.url,
-    smtpTrustForTests: [server.certificate],
-    mailFrom: 'gatehouse@example.test',
-    publicUrl: PUBLIC_URL,
-    productName: 'Pipelines',
-    mailPollIntervalMs: 50,
-    mailRetryBaseMs: 100,
-    mailTimeoutMs: 2000
-  }
-}
 
 async function createUser (t: TestApp, fields: Record<string, unknown> = {}): Promise<{ id: string, username: string, email: string }> {
   const username = uniqueName('rst')
@@ -58,7 +42,7 @@ function tokenOf (link: string): string {
 async function resetMail (email: string, count = 1): Promise<{ link: string, code: string, text: string }> {
   const mail = await smtp.waitForMail(email, { count, subject: /reset your password/ })
   const link = mail.links.find(l => l.includes('/reset-password?token='))!
-  return { link, code: /\b([A-Z0-9]{4}-[A-Z0-9]{4})\b/.exec(mail.text)![1]!, text: mail.text }
+  return { link, code: mailedCode(mail.text)!, text: mail.text }
 }
 
 function median (values: number[]): number {
