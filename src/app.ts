@@ -49,6 +49,7 @@ import { deleteFinishedMailBefore } from './mail/mail.repository.ts'
 import { MailTemplates } from './mail/mail.templates.ts'
 import { MailWorker } from './mail/mail.worker.ts'
 import { PASSWORD_RESET_REQUEST, resolvePasswordResetRequest } from './password-resets/password-resets.service.ts'
+import { prepareCode } from './tokens/token-codes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
@@ -288,7 +289,10 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const background = new BackgroundTasks(app.log)
   app.addHook('preClose', async () => { await background.drain() })
   // With SMTP a reset request is queued in the outbox and resolved by the mail worker, which imports no service.
-  mail?.resolveRequests(PASSWORD_RESET_REQUEST, async (trx, data) => await resolvePasswordResetRequest({ failures, config }, trx, data))
+  mail?.resolveRequests(PASSWORD_RESET_REQUEST, async () => {
+    const code = await prepareCode(passwords)
+    return async (trx, data) => await resolvePasswordResetRequest({ failures, config }, trx, data, code)
+  })
 
   registerErrorHandling(app)
   for (const schema of [...SHARED_SCHEMAS, ...WEBHOOK_SCHEMAS]) app.addSchema(schema)

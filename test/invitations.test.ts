@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict'
+import { createHash } from 'node:crypto'
 import { describe, it } from 'node:test'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { mailedCode, mailSettings, PUBLIC_URL, smtpForThisFile } from './mail-flows.ts'
@@ -136,6 +137,24 @@ for (const dialect of dialects()) {
       const late = await accept(t, { login: guessed.username, code: right, password: GOOD_PASSWORD })
       assert.equal(late.json().code, 'token_invalid', 'the right code no longer works after five wrong ones')
       assert.equal((await accept(t, { token: linkParts(guessed.invitation!.url!).token, password: GOOD_PASSWORD })).json().code, 'token_invalid', 'nor does the link')
+    })
+
+    it('stores the code only as an argon2id hash, and still takes a code stored as a SHA-256 digest before', async () => {
+      const hashed = await invite(t)
+      const row = await t.app.db.selectFrom('account_tokens').select(['id', 'code_digest']).where('user_id', '=', hashed.id).executeTakeFirstOrThrow()
+      assert.match(row.code_digest, /^\$argon2id\$v=19\$m=\d+,t=\d+,p=\d+\$/)
+      const ok = await accept(t, { login: hashed.username, code: hashed.invitation!.code!, password: GOOD_PASSWORD })
+      assert.equal(ok.statusCode, 200, ok.body)
+
+      // A token as earlier builds stored it: the SHA-256 of `<token id>:<code>`, hex.
+      const legacy = await invite(t)
+      const token = await t.app.db.selectFrom('account_tokens').select('id').where('user_id', '=', legacy.id).executeTakeFirstOrThrow()
+      const code = legacy.invitation!.code!
+      await t.app.db.updateTable('account_tokens').set({ code_digest: createHash('sha256').update(`${token.id}:${code.replace('-', '')}`).digest('hex') }).where('id', '=', token.id).execute()
+      const wrong = code.startsWith('A') ? 'BBBB-BBBB' : 'AAAA-AAAA'
+      assert.equal((await accept(t, { login: legacy.username, code: wrong, password: GOOD_PASSWORD })).json().code, 'token_invalid')
+      const old = await accept(t, { login: legacy.username, code, password: GOOD_PASSWORD })
+      assert.equal(old.statusCode, 200, old.body)
     })
 
     it('a retry with the same Idempotency-Key gets the user and invitation without the link, which is stored nowhere', async () => {

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict'
-import { randomBytes } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
@@ -120,6 +120,31 @@ for (const dialect of dialects()) {
       const stored = await t.app.db.selectFrom('recovery_codes').select('digest').where('user_id', '=', user.id).execute()
       assert.equal(stored.length, 10)
       for (const code of recoveryCodes) assert.ok(!stored.some(s => s.digest.includes(code) || s.digest.includes(code.replace('-', ''))))
+    })
+
+    it('stores each recovery code as an argon2id hash behind its first two characters, and still takes a code stored as a SHA-256 digest before', async () => {
+      const user = await createUser(t)
+      const { recoveryCodes } = await enrolTotp(t, await sessionOf(t, user.username))
+      const stored = await t.app.db.selectFrom('recovery_codes').select(['id', 'digest']).where('user_id', '=', user.id).execute()
+      const plainDigests = recoveryCodes.map(code => createHash('sha256').update(code.replace('-', '')).digest('hex'))
+      for (const row of stored) {
+        assert.match(row.digest, /^[a-z0-9]{2}\$\$argon2id\$v=19\$m=\d+,t=\d+,p=\d+\$/)
+        assert.ok(!plainDigests.includes(row.digest))
+      }
+      assert.deepEqual(stored.map(r => r.digest.slice(0, 2)).sort(), recoveryCodes.map(c => c.slice(0, 2)).sort())
+      // A code as earlier builds stored it: the SHA-256 of the normalised code. One whose first two characters no other code shares, so its row is known.
+      const unique = recoveryCodes.findIndex(c => recoveryCodes.filter(o => o.slice(0, 2) === c.slice(0, 2)).length === 1)
+      const other = recoveryCodes.findIndex((_, i) => i !== unique)
+      const legacy = recoveryCodes[unique]!
+      const row = stored.find(r => r.digest.startsWith(legacy.slice(0, 2)))!
+      await t.app.db.updateTable('recovery_codes').set({ digest: plainDigests[unique]! }).where('id', '=', row.id).execute()
+      const first = await challengeOf(t, user.username)
+      const used = await completeMfa(t, { challenge_token: first.challenge_token, recovery_code: legacy })
+      assert.equal(used.statusCode, 200, used.body)
+      const again = await challengeOf(t, user.username)
+      assert.equal((await completeMfa(t, { challenge_token: again.challenge_token, recovery_code: legacy })).statusCode, 401)
+      assert.equal((await completeMfa(t, { challenge_token: again.challenge_token, recovery_code: `${legacy.slice(0, 2)}zzz-zzzzz` })).statusCode, 401)
+      assert.equal((await completeMfa(t, { challenge_token: again.challenge_token, recovery_code: recoveryCodes[other]! })).statusCode, 200)
     })
 
     it('answers a right password with a single-use challenge instead of a session, and completes it with a TOTP code', async () => {

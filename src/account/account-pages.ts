@@ -68,7 +68,7 @@ export default async function accountPages (app: FastifyTypeBox, deps: AccountDe
   const basePath = app.config.basePath
   const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
   const resets: PasswordResetsDeps = { ...deps, config: app.config }
-  const verification: EmailVerificationDeps = { db: deps.db, failures: deps.failures, config: app.config }
+  const verification: EmailVerificationDeps = { db: deps.db, passwords: deps.passwords, failures: deps.failures, config: app.config }
   const afterSignIn = app.config.loginDefaultNext ?? `${basePath}/login`
 
   /** The live token a link names, and its account, without using it. */

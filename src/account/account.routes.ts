@@ -24,7 +24,7 @@ export const ACCOUNT_SCHEMAS = [InvitationAcceptance, EmailVerificationRequest, 
 /** The account's e-mail flows over the API (docs/email.md): accepting an invitation, password reset, confirming an address. */
 export default async function accountRoutes (app: FastifyTypeBox, deps: AccountDeps): Promise<void> {
   const resets: PasswordResetsDeps = { ...deps, config: app.config }
-  const verification: EmailVerificationDeps = { db: deps.db, failures: deps.failures, config: app.config }
+  const verification: EmailVerificationDeps = { db: deps.db, passwords: deps.passwords, failures: deps.failures, config: app.config }
   const JSON_TYPES = ['application/json']
   const DOC = ' See docs/email.md.'
 

@@ -4,10 +4,12 @@ import { AppError } from '../errors.ts'
 import type { Principal, RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import type { FailureCounter } from '../sessions/failure-counter.ts'
+import type { PasswordHasher } from '../lib/passwords.ts'
 import { isMailSending } from '../mail/mail.outbox.ts'
 import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
 import { issueAndMailToken } from '../tokens/token-mail.ts'
-import { useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { type TokenProof } from '../tokens/tokens.repository.ts'
+import { checkTokenProof, prepareCode, useCheckedProof } from '../tokens/token-codes.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import { findTakenKeys, findUserById } from '../users/users.repository.ts'
 import type { User } from '../users/users.schemas.ts'
@@ -23,6 +25,7 @@ import type { User } from '../users/users.schemas.ts'
 
 export interface EmailVerificationDeps {
   db: Db
+  passwords: PasswordHasher
   failures: FailureCounter
   config: Pick<Config, 'emailVerificationLifetimeMs' | 'loginMaxFailuresPerAddress' | 'loginFailureWindowMs' | 'publicUrl' | 'host' | 'port' | 'basePath'>
 }
@@ -46,6 +49,7 @@ function ownUserId (principal: Principal): string {
 export async function sendEmailVerification (deps: EmailVerificationDeps, principal: Principal, ctx: RequestContext, email: string | undefined): Promise<VerificationSent> {
   const userId = ownUserId(principal)
   if (!isMailSending(deps.db)) throw mailUnavailable()
+  const code = await prepareCode(deps.passwords)
   return await deps.db.transaction().execute(async trx => {
     const user = await findUserById(trx, userId)
     if (user === undefined || toBool(user.disabled)) throw new AppError('forbidden', 403, 'This account cannot change its address.')
@@ -56,7 +60,7 @@ export async function sendEmailVerification (deps: EmailVerificationDeps, princi
     if (changing && (await findTakenKeys(trx, [], [to.toLowerCase()])).emails.size > 0) {
       throw new AppError('email_taken', 409, 'Another account has this address (addresses are unique ignoring case).')
     }
-    const issued = await issueAndMailToken(trx, deps.config, { userId, username: user.username, purpose: 'email_verification', to, lifetimeMs: deps.config.emailVerificationLifetimeMs })
+    const issued = await issueAndMailToken(trx, deps.config, { userId, username: user.username, purpose: 'email_verification', to, lifetimeMs: deps.config.emailVerificationLifetimeMs, code })
     await recordEvent(trx, ctx, 'user.email_verification_sent', { type: 'user', id: userId }, { email: to, change: changing, expires_at: issued.expiresAt })
     return { email: to, expires_at: issued.expiresAt }
   })
@@ -71,8 +75,9 @@ export async function sendEmailVerification (deps: EmailVerificationDeps, princi
 export async function confirmEmail (deps: EmailVerificationDeps, ctx: RequestContext, proof: TokenProof): Promise<User> {
   const byCode = !('token' in proof)
   if (byCode) await reserveCodeAttempt(deps, ctx.clientIp)
+  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'email_verification')
   const outcome = await deps.db.transaction().execute(async trx => {
-    const used = await useTokenProof(trx, proof, 'email_verification')
+    const used = await useCheckedProof(trx, checked, 'email_verification')
     // Not thrown here: a wrong code's count must commit.
     if (used === undefined || used.email === null) return undefined
     const user = await findUserById(trx, used.user_id, { forUpdate: true })

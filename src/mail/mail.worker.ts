@@ -80,9 +80,11 @@ interface SendError { message: string, permanent: boolean }
  * that also turns the request's row into the message or removes it, so a
  * crash before that commits leaves the request to be resolved again, and one
  * after it leaves an ordinary message. app.ts registers one per kind: the
- * worker imports no service.
+ * worker imports no service. The resolver is made for each request before
+ * the transaction opens: work that must not hold the database (an argon2id
+ * hash would hold SQLite's one connection) is done then.
  */
-export type MailRequestResolver = (trx: Db, data: Record<string, unknown>) => Promise<MailRequest | undefined>
+export type MailRequestResolver = () => Promise<(trx: Db, data: Record<string, unknown>) => Promise<MailRequest | undefined>>
 
 /** Thrown in a resolving transaction to roll it back when the request's claim has passed to another worker. */
 class ClaimLost extends Error {}
@@ -269,8 +271,9 @@ export class MailWorker {
     }
     const leaseUntil = new Date(Date.now() + this.#leaseMs).toISOString()
     try {
+      const resolveIn = await resolver()
       return await this.#db.transaction().execute(async trx => {
-        const message = await resolver(trx, data)
+        const message = await resolveIn(trx, data)
         if (message === undefined) {
           if (!await deleteClaimedRequest(trx, mail.id, mail.lock_token!)) throw new ClaimLost()
           return undefined

@@ -384,7 +384,7 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
     const email = field(request.body, 'email', 254).trim()
     return await orAccountPage(reply, principal, async () => {
       if (email !== '' && !/^[^\s@]+@[^\s@]+$/.test(email)) throw new AppError('validation_failed', 422, 'That is not an e-mail address.')
-      const sent = await sendEmailVerification({ db: deps.db, failures: deps.failures, config: app.config }, principal, requestContext(request), email === '' ? undefined : email)
+      const sent = await sendEmailVerification({ db: deps.db, passwords: deps.passwords, failures: deps.failures, config: app.config }, principal, requestContext(request), email === '' ? undefined : email)
       return send(reply, 202, await accountPage(principal, { notice: `A confirmation link was mailed to ${sent.email}; it works until ${sent.expires_at.slice(0, 16).replace('T', ' ')} UTC.` }))
     })
   })

@@ -64,10 +64,16 @@ export async function replaceRecoveryCodes (db: Db, userId: string, rows: Array<
   await db.insertInto('recovery_codes').values(rows.map(r => ({ ...r, user_id: userId, used_at: null, created_at: at }))).execute()
 }
 
-/** Spends one unused code; false when it is unknown or spent (also by a concurrent request). */
-export async function spendRecoveryCode (db: Db, userId: string, digest: string, at: string): Promise<boolean> {
+/** The user's unused codes as stored, to check a typed code against (mfa.service.ts, matchRecoveryCode). */
+export async function listUnusedRecoveryCodes (db: Db, userId: string): Promise<Array<{ id: string, digest: string }>> {
+  return await db.selectFrom('recovery_codes').select(['id', 'digest'])
+    .where('user_id', '=', userId).where('used_at', 'is', null).execute()
+}
+
+/** Spends the unused code `id` of the user; false when it is spent already (also by a concurrent request) or gone. */
+export async function spendRecoveryCode (db: Db, userId: string, id: string, at: string): Promise<boolean> {
   const row = await db.updateTable('recovery_codes').set({ used_at: at })
-    .where('user_id', '=', userId).where('digest', '=', digest).where('used_at', 'is', null)
+    .where('user_id', '=', userId).where('id', '=', id).where('used_at', 'is', null)
     .returning('id').executeTakeFirst()
   return row !== undefined
 }

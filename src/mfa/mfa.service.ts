@@ -1,4 +1,4 @@
-import { randomInt } from 'node:crypto'
+import { createHash, randomInt, timingSafeEqual } from 'node:crypto'
 import { toBool, toIso, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
@@ -11,7 +11,7 @@ import { reserveAttempt, throttleBudgets } from '../sessions/throttle.ts'
 import { findSessionProof, markSessionReauthenticated } from '../sessions/sessions.repository.ts'
 import {
   acceptTotpStep, closeChallenge, countTotpConfirmFailure, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deletePendingTotp, deleteTotp,
-  factorCounts, findOpenSignInChallenge, findTotp, insertChallenge, listPasskeys, putPendingTotp, renamePasskey, replaceRecoveryCodes,
+  factorCounts, findOpenSignInChallenge, findTotp, insertChallenge, listPasskeys, listUnusedRecoveryCodes, putPendingTotp, renamePasskey, replaceRecoveryCodes,
   setWebauthnChallenge, spendRecoveryCode, takeWebauthnChallenge
 } from './mfa.repository.ts'
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
@@ -143,12 +143,62 @@ function newRecoveryCodes (): string[] {
   })
 }
 
-/** Replaces the user's recovery codes with ten new ones, recorded; returns them (the only time they are seen). */
-async function issueRecoveryCodes (trx: Db, ctx: RequestContext, userId: string, at: string): Promise<string[]> {
+/*
+ * A recovery code holds about 50 bits: a plain digest of it falls to an
+ * offline search by whoever reads the table, and the code then passes for a
+ * second factor for as long as it stays unused (months). So each is stored as
+ * an argon2id hash at the deployment's password cost (OWASP ASVS 5.0, 6.5.2),
+ * behind its first two characters in clear (`ab$argon2id$...`): they pick the
+ * one hash a typed code is checked against, so a try costs one verification,
+ * not ten, and what stays hashed (8 characters, about 40 bits) would take
+ * centuries of a core. Hashes are made and checked before the transaction
+ * that stores or spends them: awaited inside it, on SQLite, they would hold
+ * the one connection.
+ */
+const RECOVERY_LOOKUP_LENGTH = 2
+
+/** Ten new codes and the rows that store them, hashed; issueRecoveryCodes writes them. */
+export interface PreparedRecoveryCodes { codes: string[], rows: Array<{ id: string, digest: string }> }
+
+async function prepareRecoveryCodes (deps: MfaDeps): Promise<PreparedRecoveryCodes> {
   const codes = newRecoveryCodes()
-  await replaceRecoveryCodes(trx, userId, codes.map(code => ({ id: newId(), digest: digestOf(normaliseRecoveryCode(code)) })), at)
-  await recordEvent(trx, ctx, 'user.recovery_codes_generated', { type: 'user', id: userId }, { count: codes.length })
-  return codes
+  const rows = await Promise.all(codes.map(async code => {
+    const normalised = normaliseRecoveryCode(code)
+    return { id: newId(), digest: `${normalised.slice(0, RECOVERY_LOOKUP_LENGTH)}$${await deps.passwords.hash(normalised)}` }
+  }))
+  return { codes, rows }
+}
+
+/** Replaces the user's recovery codes with the prepared ones, recorded; returns them (the only time they are seen). */
+async function issueRecoveryCodes (trx: Db, ctx: RequestContext, userId: string, at: string, prepared: PreparedRecoveryCodes): Promise<string[]> {
+  await replaceRecoveryCodes(trx, userId, prepared.rows, at)
+  await recordEvent(trx, ctx, 'user.recovery_codes_generated', { type: 'user', id: userId }, { count: prepared.codes.length })
+  return prepared.codes
+}
+
+/**
+ * The id of the user's unused recovery code that `typed` is, or undefined.
+ * Always one argon2id verification (against the dummy hash when no stored
+ * code starts as `typed` does), so the answer's time says nothing. Codes
+ * stored before they were hashed (SHA-256 of the code, hex) still match.
+ */
+async function matchRecoveryCode (deps: MfaDeps, userId: string, typed: string): Promise<string | undefined> {
+  const normalised = normaliseRecoveryCode(typed)
+  const lookup = `${normalised.slice(0, RECOVERY_LOOKUP_LENGTH)}$`
+  const rows = await listUnusedRecoveryCodes(deps.db, userId)
+  const legacy = Buffer.from(createHash('sha256').update(normalised, 'utf8').digest('hex'))
+  const old = rows.find(r => !r.digest.includes('$') && r.digest.length === legacy.length && timingSafeEqual(Buffer.from(r.digest), legacy))
+  if (old !== undefined) return old.id
+  const candidates = rows.filter(r => r.digest.startsWith(lookup))
+  if (candidates.length === 0) {
+    await deps.passwords.verify(deps.dummyHash, normalised)
+    return undefined
+  }
+  // Two codes of ten share their first characters about once in twenty users: then each is checked.
+  for (const candidate of candidates) {
+    if (await deps.passwords.verify(candidate.digest.slice(lookup.length), normalised)) return candidate.id
+  }
+  return undefined
 }
 
 export interface MfaProof {
@@ -221,7 +271,16 @@ export async function secondStepUser (deps: MfaDeps, step: SecondStep): Promise<
  * once even under concurrent use. Returns the new recovery codes of an
  * enrolment; throws ProofRejected when the factor is not accepted.
  */
-export async function spendSecondFactor (trx: Db, deps: MfaDeps, ctx: RequestContext, step: SecondStep, proof: MfaProof, rp: RelyingParty): Promise<string[] | undefined> {
+/** What spending a second factor needs done before its transaction: a recovery code checked, or an enrolment's new codes hashed. */
+export interface PreparedSecondFactor { recoveryCodeId?: string | undefined, recoveryCodes?: PreparedRecoveryCodes }
+
+export async function prepareSecondFactor (deps: MfaDeps, step: SecondStep, proof: MfaProof): Promise<PreparedSecondFactor> {
+  if (step.enrol) return { recoveryCodes: await prepareRecoveryCodes(deps) }
+  if (step.method === 'recovery_code') return { recoveryCodeId: await matchRecoveryCode(deps, step.userId, proof.recoveryCode!) }
+  return {}
+}
+
+export async function spendSecondFactor (trx: Db, deps: MfaDeps, ctx: RequestContext, step: SecondStep, proof: MfaProof, rp: RelyingParty, prepared: PreparedSecondFactor): Promise<string[] | undefined> {
   const { userId, method, enrol } = step
   const at = step.now.toISOString()
   if (!await closeChallenge(trx, step.challengeId, at)) throw new ProofRejected('challenge_closed')
@@ -234,7 +293,7 @@ export async function spendSecondFactor (trx: Db, deps: MfaDeps, ctx: RequestCon
     if (timeStep === undefined || !await acceptTotpStep(trx, userId, timeStep, at, enrol)) throw new ProofRejected('wrong_code')
     if (enrol) await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, { during: 'sign_in' })
   } else if (method === 'recovery_code') {
-    if (enrol || !await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
+    if (enrol || prepared.recoveryCodeId === undefined || !await spendRecoveryCode(trx, userId, prepared.recoveryCodeId, at)) throw new ProofRejected('wrong_recovery_code')
     await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId) })
   } else {
     const expected = step.webauthnChallenge
@@ -247,7 +306,7 @@ export async function spendSecondFactor (trx: Db, deps: MfaDeps, ctx: RequestCon
       throw new ProofRejected('passkey_rejected')
     }
   }
-  return enrol ? await issueRecoveryCodes(trx, ctx, userId, at) : undefined
+  return enrol ? await issueRecoveryCodes(trx, ctx, userId, at, prepared.recoveryCodes!) : undefined
 }
 
 /** The second step went through: the account's code budget starts afresh, the address gets its unit back. */
@@ -373,13 +432,14 @@ export async function confirmTotp (deps: MfaDeps, ctx: RequestContext, userId: s
   const secret = await openTotpSecret(deps, userId, totp.secret)
   const step = secret === undefined ? undefined : await totpStep(secret, code, null)
   const at = nowIso()
-  const result = step === undefined
+  const codes = step === undefined ? undefined : await prepareRecoveryCodes(deps)
+  const result = step === undefined || codes === undefined
     ? undefined
     : await deps.db.transaction().execute(async trx => {
       if (!await acceptTotpStep(trx, userId, step, at, true)) return undefined
       await recordEvent(trx, ctx, 'user.totp_enrolled', { type: 'user', id: userId }, {})
       const hadCodes = await countUnusedRecoveryCodes(trx, userId) > 0
-      return hadCodes ? {} : { recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at) }
+      return hadCodes ? {} : { recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at, codes) }
     })
   if (result === undefined) {
     const failures = await countTotpConfirmFailure(deps.db, userId)
@@ -425,12 +485,13 @@ export async function removeTotp (deps: MfaDeps, ctx: RequestContext, userId: st
 }
 
 export async function regenerateRecoveryCodes (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<string[]> {
+  const codes = await prepareRecoveryCodes(deps)
   return await deps.db.transaction().execute(async trx => {
     const factors = await factorCounts(trx, userId)
     if (!factors.totp && factors.passkeys === 0) {
       throw new AppError('mfa_not_enrolled', 409, 'Recovery codes stand in for a second factor; enrol an authenticator app or a passkey first.')
     }
-    return await issueRecoveryCodes(trx, ctx, userId, nowIso())
+    return await issueRecoveryCodes(trx, ctx, userId, nowIso(), codes)
   })
 }
 
@@ -461,13 +522,14 @@ export async function finishPasskeyRegistration (
 ): Promise<{ passkey: Passkey, recoveryCodes?: string[] }> {
   const challenge = await challengeOf(credential)
   const at = nowIso()
+  const codes = await prepareRecoveryCodes(deps)
   return await deps.db.transaction().execute(async trx => {
     const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'register', challenge, userId, at)
     if (ceremony === undefined) throw new AppError('passkey_rejected', 422, 'This passkey answers no registration this server started for you, or it took too long; start again.')
     const passkey = await addPasskey(trx, userId, credential, ceremony.webauthn_challenge!, rp, name, at)
     await recordEvent(trx, ctx, 'user.passkey_added', { type: 'user', id: userId }, { passkey_id: passkey.id, name })
     const hadCodes = await countUnusedRecoveryCodes(trx, userId) > 0
-    return hadCodes ? { passkey } : { passkey, recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at) }
+    return hadCodes ? { passkey } : { passkey, recoveryCodes: await issueRecoveryCodes(trx, ctx, userId, at, codes) }
   })
 }
 
@@ -622,6 +684,7 @@ export async function reauthenticate (
       if (!deps.config.passwordSignIn || !toBool(user.password_sign_in)) throw new ProofRejected('password_sign_in_disabled')
       if (!valid) throw new ProofRejected('wrong_password')
     }
+    const recoveryCodeId = method === 'recovery_code' ? await matchRecoveryCode(deps, userId, proof.recoveryCode!) : undefined
     await deps.db.transaction().execute(async trx => {
       if (method === 'totp') {
         const totp = await findTotp(trx, userId)
@@ -630,7 +693,7 @@ export async function reauthenticate (
         const step = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
         if (step === undefined || !await acceptTotpStep(trx, userId, step, at, false)) throw new ProofRejected('wrong_code')
       } else if (method === 'recovery_code') {
-        if (!await spendRecoveryCode(trx, userId, digestOf(normaliseRecoveryCode(proof.recoveryCode!)), at)) throw new ProofRejected('wrong_recovery_code')
+        if (recoveryCodeId === undefined || !await spendRecoveryCode(trx, userId, recoveryCodeId, at)) throw new ProofRejected('wrong_recovery_code')
         await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId), during: 'reauthentication' })
       } else if (method === 'passkey') {
         const challenge = await challengeOf(proof.passkey)

@@ -11,7 +11,8 @@ import type { FailureCounter } from '../sessions/failure-counter.ts'
 import { listIdentitiesOfUser } from '../sso/identities.repository.ts'
 import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
 import { issueAndMailToken, issueTokenMail } from '../tokens/token-mail.ts'
-import { findLiveToken, findTokenHolder, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { findLiveToken, findTokenHolder, type PreparedCode, type TokenProof } from '../tokens/tokens.repository.ts'
+import { checkTokenProof, prepareCode, useCheckedProof } from '../tokens/token-codes.ts'
 import { enqueueMailRequest, isMailSending, type MailRequest } from '../mail/mail.outbox.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import { clearSignInLock, findUserById, type UserRow } from '../users/users.repository.ts'
@@ -129,7 +130,7 @@ async function recordUnmailableRequest (deps: PasswordResetsDeps, ctx: RequestCo
  * or returns none; the event is recorded in `trx` either way, so the request
  * is resolved exactly once.
  */
-export async function resolvePasswordResetRequest (deps: Pick<PasswordResetsDeps, 'failures' | 'config'>, trx: Db, data: Record<string, unknown>): Promise<MailRequest | undefined> {
+export async function resolvePasswordResetRequest (deps: Pick<PasswordResetsDeps, 'failures' | 'config'>, trx: Db, data: Record<string, unknown>, code: PreparedCode): Promise<MailRequest | undefined> {
   const { key, ctx } = data as unknown as QueuedRequest
   const identifier = key.slice(0, 254)
   const { user, outcome } = await decide(deps, trx, key)
@@ -137,7 +138,7 @@ export async function resolvePasswordResetRequest (deps: Pick<PasswordResetsDeps
     await recordEvent(trx, ctx, 'user.password_reset_requested', user !== undefined ? { type: 'user', id: user.id } : null, { identifier, outcome: outcome ?? 'no_account' })
     return undefined
   }
-  const issued = await issueTokenMail(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email!, lifetimeMs: deps.config.passwordResetLifetimeMs })
+  const issued = await issueTokenMail(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email!, lifetimeMs: deps.config.passwordResetLifetimeMs, code })
   await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { identifier, outcome: 'mailed', expires_at: issued.expiresAt })
   return issued.mail
 }
@@ -157,15 +158,16 @@ const INELIGIBLE: Partial<Record<RequestOutcome, string>> = {
  * they have an address, else returned to hand over, once. Refused (409) for
  * an account a reset is not offered to. The earlier reset link ends.
  */
-export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config'>, principal: Principal, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
+export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config' | 'passwords'>, principal: Principal, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
   if (!deps.config.passwordSignIn) throw notOffered()
   const user = await findUserById(deps.db, userId)
   if (user === undefined) throw new AppError('user_not_found', 404, `No user has the id ${userId}.`)
   if (!isAdmin(principal) && user.role === 'admin') throw new AppError('forbidden', 403, 'Only an admin may change an admin account.')
   const outcome = await eligibility(deps, user)
   if (outcome !== undefined && outcome !== 'no_email') throw new AppError('conflict', 409, INELIGIBLE[outcome] ?? 'A password reset is not offered to this user.')
+  const code = await prepareCode(deps.passwords)
   return await deps.db.transaction().execute(async trx => {
-    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs })
+    const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs, code })
     await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { by: 'admin', outcome: issued.mailed ? 'mailed' : 'link_issued', expires_at: issued.expiresAt })
     return { mailed: issued.mailed, expires_at: issued.expiresAt, ...(issued.mailed ? {} : { url: issued.url, code: issued.code }) }
   })
@@ -192,10 +194,11 @@ export async function completePasswordReset (deps: PasswordResetsDeps, ctx: Requ
   const before = userId !== undefined ? await findUserById(deps.db, userId) : undefined
   if (before === undefined || await eligibility(deps, before) !== undefined) throw tokenInvalid()
   checkPasswordPolicy(newPassword, before.username, passwordPolicyOf(deps.config), '/new_password')
+  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'password_reset')
   const hash = await deps.passwords.hash(newPassword)
   const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: before.id }
   const done = await deps.db.transaction().execute(async trx => {
-    const used = await useTokenProof(trx, proof, 'password_reset')
+    const used = await useCheckedProof(trx, checked, 'password_reset')
     // Not thrown here: a wrong code's count must commit.
     if (used === undefined || used.user_id !== before.id) return false
     await changeUserRecorded(trx, userCtx, before.id, { password_hash: hash }, { lastAdmin: 'refuse', extra: { via: 'password_reset' } })

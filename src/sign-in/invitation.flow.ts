@@ -6,7 +6,8 @@ import { openSignInChallenge, secondFactorNeeded } from '../mfa/mfa.service.ts'
 import { openSession } from '../sessions/sessions.service.ts'
 import type { SessionsDeps, SignInContext } from '../sessions/sessions.types.ts'
 import { releaseCodeAttempt, reserveCodeAttempt, tokenInvalid } from '../tokens/code-throttle.ts'
-import { findLiveToken, findTokenHolder, useTokenProof, type TokenProof } from '../tokens/tokens.repository.ts'
+import { findLiveToken, findTokenHolder, type TokenProof } from '../tokens/tokens.repository.ts'
+import { checkTokenProof, useCheckedProof } from '../tokens/token-codes.ts'
 import { changeUserRecorded } from '../users/users.lifecycle.ts'
 import { findUserById } from '../users/users.repository.ts'
 import type { SignInResult } from './password.flow.ts'
@@ -34,10 +35,11 @@ export async function acceptInvitation (deps: SessionsDeps, ctx: SignInContext, 
   // A name without a pending invitation is one more wrong code: its unit stays taken.
   if (before === undefined || !toBool(before.invitation_pending) || toBool(before.disabled)) throw tokenInvalid()
   checkPasswordPolicy(password, before.username, passwordPolicyOf(deps.config))
+  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'invitation')
   const hash = await deps.passwords.hash(password)
   const userCtx = { ...ctx, actorType: 'user' as const, actorId: before.id }
   const accepted = await deps.db.transaction().execute(async trx => {
-    const used = await useTokenProof(trx, proof, 'invitation')
+    const used = await useCheckedProof(trx, checked, 'invitation')
     // Not thrown here: a wrong code's count must commit.
     if (used === undefined || used.user_id !== before.id) return false
     const current = await findUserById(trx, before.id, { forUpdate: true })

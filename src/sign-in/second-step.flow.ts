@@ -1,7 +1,7 @@
 import { AppError } from '../errors.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import {
-  beginSecondStep, passkeyOwner, ProofRejected, secondStepFailed, secondStepPassed, secondStepUser, spendPasskeyAssertion, spendSecondFactor,
+  beginSecondStep, passkeyOwner, prepareSecondFactor, ProofRejected, secondStepFailed, secondStepPassed, secondStepUser, spendPasskeyAssertion, spendSecondFactor,
   type MfaProof
 } from '../mfa/mfa.service.ts'
 import type { MfaMethod, PasskeyCredential } from '../mfa/mfa.schemas.ts'
@@ -32,12 +32,13 @@ export async function completeSignIn (
   let signedIn: SignIn
   try {
     const { locked } = await secondStepUser(deps, step)
+    const prepared = await prepareSecondFactor(deps, step, proof)
     signedIn = await openSession(deps, ctx, step.userId, {
       opened: step.opened,
       locked,
       now: step.now,
       mfa: step.method,
-      within: async (trx) => { recoveryCodes = await spendSecondFactor(trx, deps, ctx, step, proof, rp) }
+      within: async (trx) => { recoveryCodes = await spendSecondFactor(trx, deps, ctx, step, proof, rp, prepared) }
     })
   } catch (error) {
     return await secondStepFailed(deps, ctx, step, error)

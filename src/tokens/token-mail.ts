@@ -2,7 +2,7 @@ import type { Config } from '../config.ts'
 import type { AccountTokenPurpose, Db } from '../db/database.ts'
 import { publicLink } from '../lib/public-url.ts'
 import { enqueueMail, isMailSending, type MailRequest } from '../mail/mail.outbox.ts'
-import { issueToken, type IssuedToken } from './tokens.repository.ts'
+import { issueToken, type IssuedToken, type PreparedCode } from './tokens.repository.ts'
 
 /** The page each purpose's link opens, under the base path (account/account-pages.ts). */
 export const TOKEN_PAGES: Record<AccountTokenPurpose, string> = {
@@ -29,6 +29,8 @@ export interface TokenIssue {
   /** Where the mail goes; null: nowhere to send it. */
   to: string | null
   lifetimeMs: number
+  /** The token's code, hashed before the transaction (token-codes.ts, prepareCode). */
+  code: PreparedCode
 }
 
 /**
@@ -38,7 +40,7 @@ export interface TokenIssue {
  * turning a queued request into its message (mail/mail.worker.ts).
  */
 export async function issueTokenMail (trx: Db, config: LinkConfig, input: TokenIssue & { to: string }): Promise<IssuedToken & { url: string, mail: MailRequest }> {
-  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: input.to, lifetimeMs: input.lifetimeMs })
+  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: input.to, lifetimeMs: input.lifetimeMs, code: input.code })
   const url = tokenLink(config, input.purpose, issued.token)
   return { ...issued, url, mail: tokenMailOf(config, input, input.to, issued, url) }
 }
@@ -60,7 +62,7 @@ function tokenMailOf (config: LinkConfig, input: TokenIssue, to: string, issued:
  */
 export async function issueAndMailToken (trx: Db, config: LinkConfig, input: TokenIssue): Promise<IssuedToken & { url: string, mailed: boolean }> {
   const mailing = input.to !== null && isMailSending(trx)
-  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: mailing ? input.to : null, lifetimeMs: input.lifetimeMs })
+  const issued = await issueToken(trx, { userId: input.userId, purpose: input.purpose, email: mailing ? input.to : null, lifetimeMs: input.lifetimeMs, code: input.code })
   const url = tokenLink(config, input.purpose, issued.token)
   const mailed = mailing && await enqueueMail(trx, tokenMailOf(config, input, input.to!, issued, url))
   return { ...issued, url, mailed }

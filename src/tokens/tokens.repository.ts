@@ -1,4 +1,4 @@
-import { randomInt, timingSafeEqual } from 'node:crypto'
+import { randomInt } from 'node:crypto'
 import { sql } from 'kysely'
 import type { AccountTokenPurpose, Db } from '../db/database.ts'
 import { newId } from '../lib/ids.ts'
@@ -7,7 +7,9 @@ import { digestOf, randomSecret } from '../lib/secrets.ts'
 /*
  * One-time account tokens: the secret of a mailed link (256 bits) and a short
  * code the same mail carries, to type instead of following the link. Only
- * their digests are stored. A token is bound to its purpose and account (and
+ * their digests are stored: the link's SHA-256 (256 bits need no more), the
+ * code's argon2id hash (token-codes.ts: about 40 bits must not fall to an
+ * offline search by whoever reads the table). A token is bound to its purpose and account (and
  * an e-mail verification to the address it confirms); it is consumed by one
  * UPDATE that matches only while it is unused and unexpired, so of two
  * concurrent uses exactly one wins, on SQLite and PostgreSQL alike. Issuing a
@@ -41,7 +43,8 @@ export interface TokenRow {
   expires_at: Date | string
 }
 
-function newCode (): string {
+/** A fresh `XXXX-XXXX` code; token-codes.ts hashes it before the token is issued. */
+export function newCode (): string {
   let code = ''
   for (let i = 0; i < CODE_LENGTH; i++) code += CODE_ALPHABET[randomInt(CODE_ALPHABET.length)]
   return `${code.slice(0, 4)}-${code.slice(4)}`
@@ -52,28 +55,27 @@ export function normaliseCode (typed: string): string {
   return typed.toUpperCase().replace(/[\s-]/g, '')
 }
 
-function codeDigestOf (tokenId: string, code: string): string {
-  return digestOf(`${tokenId}:${normaliseCode(code)}`)
-}
+/** A code and its stored hash, made before the issuing transaction opens (token-codes.ts, prepareCode). */
+export interface PreparedCode { code: string, codeHash: string }
 
 /**
  * A new token for this account and purpose; the account's earlier live token
  * of the purpose ends (`replaced`), so only the newest link and code work.
  * The caller supplies the transaction that also records and mails it.
  */
-export async function issueToken (db: Db, input: { userId: string, purpose: AccountTokenPurpose, email?: string | null, lifetimeMs: number, now?: Date }): Promise<IssuedToken> {
+export async function issueToken (db: Db, input: { userId: string, purpose: AccountTokenPurpose, email?: string | null, lifetimeMs: number, code: PreparedCode, now?: Date }): Promise<IssuedToken> {
   const now = input.now ?? new Date()
   await endLiveTokens(db, input.userId, input.purpose, 'replaced', now)
   const id = newId()
   const token = randomSecret(TOKEN_PREFIX)
-  const code = newCode()
+  const code = input.code.code
   const expiresAt = new Date(now.getTime() + input.lifetimeMs).toISOString()
   await db.insertInto('account_tokens').values({
     id,
     user_id: input.userId,
     purpose: input.purpose,
     digest: digestOf(token),
-    code_digest: codeDigestOf(id, code),
+    code_digest: input.code.codeHash,
     email: input.email ?? null,
     created_at: now.toISOString(),
     expires_at: expiresAt,
@@ -122,25 +124,28 @@ export async function consumeToken (db: Db, token: string, purpose: AccountToken
     .executeTakeFirst()
 }
 
-/**
- * Uses the account's live token of this purpose when `code` is its code. A
- * wrong code counts against the token, and the CODE_MAX_FAILURES-th ends it
- * (`code_attempts`): a code can be guessed only a handful of times, whoever
- * guesses and from wherever.
- */
-export async function consumeTokenByCode (db: Db, userId: string, purpose: AccountTokenPurpose, code: string, now = new Date()): Promise<TokenRow | undefined> {
-  const live = await db.selectFrom('account_tokens').select(['id', 'code_digest'])
+/** The account's live token of a purpose with its code's stored hash, to check a typed code against (token-codes.ts). */
+export async function findLiveCodeToken (db: Db, userId: string, purpose: AccountTokenPurpose, now = new Date()): Promise<{ id: string, code_digest: string } | undefined> {
+  return await db.selectFrom('account_tokens').select(['id', 'code_digest'])
     .where('user_id', '=', userId).where('purpose', '=', purpose)
     .where('used_at', 'is', null).where('expires_at', '>', now.toISOString())
     .executeTakeFirst()
-  if (live === undefined) return undefined
-  const given = Buffer.from(codeDigestOf(live.id, code))
-  const right = given.length === live.code_digest.length && timingSafeEqual(given, Buffer.from(live.code_digest))
+}
+
+/**
+ * Settles a typed code already checked against token `tokenId`: a right one
+ * uses the token (one UPDATE that matches only while it is unused, unexpired
+ * and under CODE_MAX_FAILURES wrong codes, so a token ended, used or guessed
+ * out since the check is not used); a wrong one counts against it, and the
+ * CODE_MAX_FAILURES-th ends it (`code_attempts`): a code can be guessed only
+ * a handful of times, whoever guesses and from wherever.
+ */
+export async function settleCodeAttempt (db: Db, tokenId: string, right: boolean, now = new Date()): Promise<TokenRow | undefined> {
   const at = now.toISOString()
   if (right) {
     return await db.updateTable('account_tokens')
       .set({ used_at: at, ended_reason: 'used' })
-      .where('id', '=', live.id).where('used_at', 'is', null).where('expires_at', '>', at)
+      .where('id', '=', tokenId).where('used_at', 'is', null).where('expires_at', '>', at)
       .where('code_failures', '<', CODE_MAX_FAILURES)
       .returning(['id', 'user_id', 'purpose', 'email', 'expires_at'])
       .executeTakeFirst()
@@ -151,7 +156,7 @@ export async function consumeTokenByCode (db: Db, userId: string, purpose: Accou
       used_at: sql`case when code_failures + 1 >= ${CODE_MAX_FAILURES} then ${at} else used_at end`,
       ended_reason: sql`case when code_failures + 1 >= ${CODE_MAX_FAILURES} then 'code_attempts' else ended_reason end`
     })
-    .where('id', '=', live.id).where('used_at', 'is', null)
+    .where('id', '=', tokenId).where('used_at', 'is', null)
     .execute()
   return undefined
 }
@@ -166,19 +171,6 @@ export async function deleteTokensEndedBefore (db: Db, before: string): Promise<
 
 /** How a person shows they hold a token: the link's secret, or the account's name or address with the mailed code. */
 export type TokenProof = { token: string } | { login: string, code: string }
-
-/**
- * Uses the token a proof names, in the caller's transaction. A code is
- * checked against the live token of the account the login names (its
- * username, or for `byEmail` purposes the address the token was sent to);
- * undefined when nothing matched, and a wrong code has been counted.
- */
-export async function useTokenProof (db: Db, proof: TokenProof, purpose: AccountTokenPurpose, now = new Date()): Promise<TokenRow | undefined> {
-  if ('token' in proof) return await consumeToken(db, proof.token, purpose, now)
-  const userId = await findTokenHolder(db, proof.login, purpose, now)
-  if (userId === undefined) return undefined
-  return await consumeTokenByCode(db, userId, purpose, proof.code, now)
-}
 
 /**
  * The account a typed login names for a code: the user whose username or

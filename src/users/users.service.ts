@@ -27,6 +27,8 @@ import { PageCache } from './page-cache.ts'
 import type { Config } from '../config.ts'
 import { endLiveTokens } from '../tokens/tokens.repository.ts'
 import { issueAndMailToken, type LinkConfig } from '../tokens/token-mail.ts'
+import { prepareCode } from '../tokens/token-codes.ts'
+import type { PreparedCode } from '../tokens/tokens.repository.ts'
 import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
 export interface UsersDeps {
@@ -100,9 +102,10 @@ export async function createUser (deps: UsersDeps, principal: Principal, ctx: Re
     })
   }
   const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
+  const code = invite === true ? await prepareCode(deps.passwords) : undefined
   return await deps.db.transaction().execute(async trx => {
     const row = await createUserRecorded(trx, ctx, newUserRow({ ...fields, invitation_pending: invite === true }, passwordHash, passwordHash !== null, nowIso()), invite === true ? { invited: true } : {})
-    const invitation = invite === true ? await issueInvitation(trx, ctx, invitationSettings(deps), row, false) : undefined
+    const invitation = code !== undefined ? await issueInvitation(trx, ctx, invitationSettings(deps), row, false, code) : undefined
     return { user: toUser(row), version: row.version, ...(invitation !== undefined ? { invitation } : {}) }
   })
 }
@@ -118,8 +121,8 @@ function invitationSettings (deps: UsersDeps): InvitationSettings {
  * Without SMTP the link and code are returned for the administrator to hand
  * over; they are never stored or logged.
  */
-async function issueInvitation (trx: Db, ctx: RequestContext, settings: InvitationSettings, user: { id: string, username: string, email: string | null }, resent: boolean): Promise<IssuedInvitation> {
-  const { url, code, expiresAt, mailed } = await issueAndMailToken(trx, settings, { userId: user.id, username: user.username, purpose: 'invitation', to: user.email, lifetimeMs: settings.invitationLifetimeMs })
+async function issueInvitation (trx: Db, ctx: RequestContext, settings: InvitationSettings, user: { id: string, username: string, email: string | null }, resent: boolean, prepared: PreparedCode): Promise<IssuedInvitation> {
+  const { url, code, expiresAt, mailed } = await issueAndMailToken(trx, settings, { userId: user.id, username: user.username, purpose: 'invitation', to: user.email, lifetimeMs: settings.invitationLifetimeMs, code: prepared })
   await recordEvent(trx, ctx, 'user.invited', { type: 'user', id: user.id }, { expires_at: expiresAt, mailed, ...(resent ? { resent: true } : {}) })
   return { mailed, expires_at: expiresAt, ...(mailed ? {} : { url, code }) }
 }
@@ -140,6 +143,7 @@ function assertInvitationPending (current: UserRow | undefined, id: string): Use
  */
 export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string): Promise<IssuedInvitation> {
   const settings = invitationSettings(deps)
+  const code = await prepareCode(deps.passwords)
   return await deps.db.transaction().execute(async trx => {
     let current = await findUserById(trx, id, { forUpdate: true })
     if (current === undefined) throw userNotFound(id)
@@ -153,7 +157,7 @@ export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: Re
       await changeUserRecorded(trx, ctx, id, { invitation_pending: true }, { lastAdmin: 'refuse' })
       current = await findUserById(trx, id)
     }
-    return await issueInvitation(trx, ctx, settings, assertInvitationPending(current, id), resent)
+    return await issueInvitation(trx, ctx, settings, assertInvitationPending(current, id), resent, code)
   })
 }
 
