@@ -216,7 +216,7 @@ async function measure (app: FastifyTypeBox, base: string, key: string, engine: 
 
 /** The SQL of users.repository.ts's page query for a search, to explain. */
 const SEARCH_PG = "(username_key like '%user012345%' escape '\\' or email_key like '%user012345%' escape '\\' or lower(first_name) like '%user012345%' escape '\\' or lower(last_name) like '%user012345%' escape '\\')"
-const GROUP_PAGE = 'select users.id from users cross join group_members where users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = $1) order by group_members.created_at, group_members.user_id'
+const GROUP_PAGE = 'select users.id from group_members cross join users where users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = $1) order by group_members.created_at, group_members.user_id'
 
 /**
  * The plans of the shapes measured, as the server runs them: on PostgreSQL a

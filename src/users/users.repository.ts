@@ -1,5 +1,5 @@
-import { sql, type Selectable, type Updateable } from 'kysely'
-import { isPostgres, toBool, toIso, toStringArray, type Db, type UsersTable } from '../db/database.ts'
+import { sql, type Selectable, type SelectQueryBuilder, type Updateable } from 'kysely'
+import { isPostgres, toBool, toIso, toStringArray, type Database, type Db, type UsersTable } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { NewEventRow } from '../events/events.repository.ts'
 import { queueDeliveriesMany } from '../webhooks/webhooks.outbox.ts'
@@ -181,10 +181,15 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   // and sort of all of them on both databases (p50 75-85 ms), and a group of 10
   // a walk of every user on PostgreSQL (p50 1.6 s); `npm run bench:search`.
   // A cross join with the condition in WHERE is an inner join on PostgreSQL,
-  // and on SQLite it fixes the memberships as the outer loop.
+  // and on SQLite it fixes the memberships (on its left) as the outer loop: as
+  // an inner join, SQLite's planner walked every user and probed memberships.
   const [keyColumn, idColumn] = has.group === true ? [`group_members.${column}`, 'group_members.user_id'] : [`users.${column}`, 'users.id']
-  return db.selectFrom('users')
-    .$if(has.group === true, q => q.crossJoin('group_members').where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
+  // Typed as both tables in either case: the memberships are only named (by sql.ref) when they are joined.
+  const from = has.group === true
+    ? db.selectFrom('group_members').crossJoin('users')
+    : db.selectFrom('users') as unknown as SelectQueryBuilder<Database, 'group_members' | 'users', object>
+  return from
+    .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
     .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
     // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
     // indexes answer the LIKE below directly), then the LIKE decides, so the
