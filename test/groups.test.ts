@@ -4,6 +4,7 @@ import { after, before, describe, it } from 'node:test'
 import { sql } from 'kysely'
 import type { Config } from '../src/config.ts'
 import * as groupsMigration from '../src/db/migrations/0012_groups.ts'
+import * as memberOrderMigration from '../src/db/migrations/0018_group_member_order.ts'
 import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
 
@@ -139,6 +140,36 @@ for (const dialect of dialects()) {
       assert.deepEqual((await groupNamed(`${stem}-3`))?.member_count, 2)
       assert.equal(await groupNamed(`${stem}-9`), undefined)
       assert.deepEqual(await memberIds(made[3]!.id), [user.id, other.id].sort())
+    })
+
+    it('pages group= in every sort order as the users list orders the members, after renames, updates and joins', async () => {
+      const group = uniqueName('order')
+      const members = [await createUser([group]), await createUser([group]), await createUser(), await createUser([group]), await createUser([group])]
+      await createUser(['x-not-' + group])
+      // A member renamed to sort first by username, one updated later, one who joins last (through the group).
+      assert.equal((await call('PATCH', `/api/users/${members[3]!.id}`, { username: `a${uniqueName('first')}` })).statusCode, 200)
+      assert.equal((await call('PATCH', `/api/users/${members[0]!.id}`, { first_name: 'Later' })).statusCode, 200)
+      const read = await getGroup((await groupNamed(group))!.id)
+      assert.equal((await call('POST', `/api/groups/${read.id}/members`, { user_ids: [members[2]!.id] }, { 'if-match': read.etag })).statusCode, 200)
+      const now = await Promise.all(members.map(async u => await getUser(u.id))) as Array<User & { created_at: string }>
+      const keyOf: Record<string, (u: User & { created_at: string }) => string> = {
+        created_at: u => u.created_at, updated_at: u => u.updated_at, username: u => u.username.toLowerCase()
+      }
+      for (const sort of ['created_at', '-created_at', 'username', '-username', 'updated_at', '-updated_at']) {
+        const key = keyOf[sort.replace('-', '')]!
+        const expected = [...now].sort((a, b) => key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : a.id < b.id ? -1 : a.id > b.id ? 1 : 0).map(u => u.id)
+        if (sort.startsWith('-')) expected.reverse()
+        const seen: string[] = []
+        let url: string | undefined = `/api/users?group=${encodeURIComponent(group)}&sort=${sort}&limit=2`
+        while (url !== undefined) {
+          const res = await call('GET', url)
+          assert.equal(res.statusCode, 200, res.body)
+          seen.push(...(res.json() as User[]).map(u => u.id))
+          const link = res.headers.link as string | undefined
+          url = link !== undefined ? /^<\/auth([^>]*)>; rel="next"$/.exec(link)![1] : undefined
+        }
+        assert.deepEqual(seen, expected, sort)
+      }
     })
 
     it('keeps the 3.6.1 groups array as sent: a new name through /auth/users makes the group, and the array reads back unchanged', async () => {
@@ -437,15 +468,17 @@ for (const dialect of dialects()) {
       }
     })
 
-    it('backfills groups and memberships from the users\' arrays when migration 0012 runs', async () => {
+    it('backfills groups and memberships (with their users\' sort keys) from the users\' arrays when migrations 0012 and 0018 run', async () => {
       const name = uniqueName('backfill')
       const users = [await createUser([name, 'bf-shared']), await createUser(['bf-shared']), await createUser([])]
       const db = t.app.db
+      await memberOrderMigration.down(db)
       await groupsMigration.down(db)
       try {
         await groupsMigration.up(db)
+        await memberOrderMigration.up(db)
       } catch (error) {
-        throw new Error('migration 0012 did not apply again', { cause: error })
+        throw new Error('migrations 0012 and 0018 did not apply again', { cause: error })
       }
       const groups = await db.selectFrom('groups').selectAll().execute()
       const names = groups.map(g => g.display_name)

@@ -354,6 +354,10 @@ export interface GroupsTable {
 export interface GroupMembersTable {
   group_id: string
   user_id: string
+  /** The member's sort keys (migration 0018), written by triggers from the user's row: never by an insert. */
+  created_at: ColumnType<Date | string, never, never>
+  updated_at: ColumnType<Date | string, never, never>
+  username_key: ColumnType<string, never, never>
 }
 
 export interface MetaTable {

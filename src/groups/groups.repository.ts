@@ -168,15 +168,19 @@ export async function listGroups (db: Db, filter: GroupFilter, limit: number, af
   return rows.map(row => ({ ...row, member_count: Number(row.member_count ?? 0) }))
 }
 
-/** One keyset page of a group's members as users, in username order (then id); one more than `limit` when another page follows. */
+/**
+ * One keyset page of a group's members as users, in username order (then id);
+ * one more than `limit` when another page follows. Walked on the memberships'
+ * copy of the username (migration 0018), so a page reads only its members.
+ */
 export async function listGroupMembers (db: Db, groupId: string, limit: number, after: [string, string] | undefined): Promise<Array<{ user: User, username_key: string }>> {
   const rows = await db.selectFrom('group_members')
     .innerJoin('users', 'users.id', 'group_members.user_id')
     .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
     .where('group_members.group_id', '=', groupId)
-    .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('users.username_key', 'users.id'), '>', tuple(after![0], after![1]))))
-    .orderBy('users.username_key')
-    .orderBy('users.id')
+    .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('group_members.username_key', 'group_members.user_id'), '>', tuple(after![0], after![1]))))
+    .orderBy('group_members.username_key')
+    .orderBy('group_members.user_id')
     .limit(limit + 1)
     .execute()
   return rows.map(row => ({ user: toUser(row), username_key: row.username_key }))

@@ -1,5 +1,5 @@
-import { sql, type Selectable, type Updateable } from 'kysely'
-import { isPostgres, toBool, toIso, toStringArray, type Db, type UsersTable } from '../db/database.ts'
+import { sql, type Selectable, type SelectQueryBuilder, type Updateable } from 'kysely'
+import { isPostgres, toBool, toIso, toStringArray, type Database, type Db, type UsersTable } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { NewEventRow } from '../events/events.repository.ts'
 import { queueDeliveriesMany } from '../webhooks/webhooks.outbox.ts'
@@ -175,40 +175,55 @@ interface PageShape {
 
 function pageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction']) {
   const cmp = direction === 'asc' ? '>' : '<'
-  return db.selectFrom('users')
-    .select([...PUBLIC_COLUMNS, 'username_key'])
+  // A group's page walks its memberships in page order (each carries its
+  // user's sort keys, migration 0018) and stops once the page is full: at
+  // 1,000,000 users, `users.id in (the members)` cost a group of 10,000 a read
+  // and sort of all of them on both databases (p50 75-85 ms), and a group of 10
+  // a walk of every user on PostgreSQL (p50 1.6 s); `npm run bench:search`.
+  // A cross join with the condition in WHERE is an inner join on PostgreSQL,
+  // and on SQLite it fixes the memberships (on its left) as the outer loop: as
+  // an inner join, SQLite's planner walked every user and probed memberships.
+  const [keyColumn, idColumn] = has.group === true ? [`group_members.${column}`, 'group_members.user_id'] : [`users.${column}`, 'users.id']
+  // Typed as both tables in either case: the memberships are only named (by sql.ref) when they are joined.
+  const from = has.group === true
+    ? db.selectFrom('group_members').crossJoin('users')
+    : db.selectFrom('users') as unknown as SelectQueryBuilder<Database, 'group_members' | 'users', object>
+  return from
+    .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
+    .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
     // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
     // indexes answer the LIKE below directly), then the LIKE decides, so the
     // result is exactly what the scan returned (migration 0016).
     .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
+    // PostgreSQL: the few users the trigram indexes found (trigramCandidateIds), by primary key.
+    .$if(has.candidates === true, q => q.where(sql<boolean>`users.id = any(${param('candidate_ids')}::uuid[])`))
     .$if(has.q === true, q => q.where(eb => eb.or([
-      eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(first_name)`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(last_name)`, 'like', sql`${param('needle')} escape '\\'`)
+      eb(sql`users.username_key`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`users.email_key`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`lower(users.first_name)`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`lower(users.last_name)`, 'like', sql`${param('needle')} escape '\\'`)
     ])))
-    .$if(has.username === true, q => q.where('username_key', '=', param('username_key')))
-    .$if(has.email === true, q => q.where('email_key', '=', param('email_key')))
-    .$if(has.role === true, q => q.where('role', '=', param('role')))
-    .$if(has.disabled === true, q => q.where('disabled', '=', param('disabled')))
-    // Through the memberships (migration 0012), by index, rather than through every user's array.
-    .$if(has.group === true, q => q.where(sql<boolean>`users.id in (select group_members.user_id from group_members where group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')}))`))
+    .$if(has.username === true, q => q.where('users.username_key', '=', param('username_key')))
+    .$if(has.email === true, q => q.where('users.email_key', '=', param('email_key')))
+    .$if(has.role === true, q => q.where('users.role', '=', param('role')))
+    .$if(has.disabled === true, q => q.where('users.disabled', '=', param('disabled')))
     // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
     // answer it with an index range search; the OR form scans from the start
     // of the index on every page, which made the full list quadratic.
-    .$if(has.after === true, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple(column, 'id'), cmp, tuple(param('after_key'), param('after_id')))))
-    .orderBy(column, direction)
-    .orderBy('id', direction)
+    .$if(has.after === true, q => q.where(sql<boolean>`(${sql.ref(keyColumn)}, ${sql.ref(idColumn)}) ${sql.raw(cmp)} (${param('after_key')}, ${param('after_id')})`))
+    .orderBy(sql.ref(keyColumn), direction)
+    .orderBy(sql.ref(idColumn), direction)
     // One more than the page, to know whether another page follows.
     .limit(param('limit_plus_one'))
 }
 
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
+function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false, candidateIds?: string[]): PageShape {
   const [column, direction] = SORT_COLUMNS[sort]
   const needle = filter.q?.toLowerCase()
   const has = {
     q: needle !== undefined,
     trigrams,
+    candidates: candidateIds !== undefined,
     username: filter.username !== undefined,
     email: filter.email !== undefined,
     role: filter.role !== undefined,
@@ -223,6 +238,7 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
     values: {
       needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
       phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
+      candidate_ids: candidateIds,
       username_key: filter.username?.toLowerCase(),
       email_key: filter.email?.toLowerCase(),
       role: filter.role,
@@ -244,14 +260,14 @@ export type UserListRow = PublicUserRow & { username_key: string }
  * exactly once), one more than `limit` when another page follows.
  */
 export async function listUserRows (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserListRow[]> {
-  const { shape, values, page } = pageShape(filter, sort, limit, after)
+  const { shape, values, page } = pageShape(filter, sort, limit, after, false, await trigramCandidateIds(db, filter.q))
   // A search is planned with its needle, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
   return await executePrepared(db, `${shape}:rows`, param => page(db, param), values, { serverPrepared: filter.q === undefined }) as UserListRow[]
 }
 
 /**
  * Up to this many users matching a search, a page is read from the trigram
- * index's candidates (SQLite, migration 0016), sorted; beyond, by walking the
+ * index's candidates (migration 0016; on PostgreSQL see trigramCandidateIds), sorted; beyond, by walking the
  * sort's index and testing each user, which stops after the page is full:
  * at 1,000,000 users, the candidates of a name one user in eight holds took
  * 716 ms p99 to sort, against a few ms to walk.
@@ -268,6 +284,33 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
     db.selectFrom(sql<{ rowid: number }>`(select rowid from users_search where users_search match ${param('phrase')} limit ${param('max')})`.as('c'))
       .select(sql<number>`count(*)`.as('n')), { phrase: ftsPhrase(needle), max: TRIGRAM_CANDIDATES_MAX })
   return Number(row?.n ?? 0) < TRIGRAM_CANDIDATES_MAX
+}
+
+/**
+ * PostgreSQL: the ids of every user a search matches, when fewer than
+ * TRIGRAM_CANDIDATES_MAX do; undefined otherwise (or for a needle too short
+ * for a trigram). Read apart from the page, by pg_trgm's indexes, so that the
+ * page is those users by primary key, sorted. In one query the planner chose
+ * by its estimate of the matches (a fixed guess for `LIKE '%…%'`) between
+ * those indexes and walking the sort's index with the LIKE as a filter, and
+ * for a needle 1,000 users hold, clustered late in the order (`er0999`), it
+ * walked: 0.7 to 3 s at 1,000,000 users, against 8 to 15 ms through the
+ * indexes (EXPLAIN ANALYZE, 52 needles, `npm run bench:search`'s seed).
+ * Beyond the bound the page is planned as before, which for a needle many
+ * users hold walks the sort's index and stops once the page is full.
+ */
+async function trigramCandidateIds (db: Db, q: string | undefined): Promise<string[] | undefined> {
+  if (q === undefined) return undefined
+  const needle = q.toLowerCase()
+  if ([...needle].length < 3) return undefined
+  const rows = await executePrepared(db, 'users_search_candidates', param =>
+    db.selectFrom('users').select('id').where(eb => eb.or([
+      eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`lower(first_name)`, 'like', sql`${param('needle')} escape '\\'`),
+      eb(sql`lower(last_name)`, 'like', sql`${param('needle')} escape '\\'`)
+    ])).limit(param('max')), { needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
+  return rows.length < TRIGRAM_CANDIDATES_MAX ? rows.map(row => row.id) : undefined
 }
 
 /** The column a sort orders by, whose value (with the id) is the keyset position. */
