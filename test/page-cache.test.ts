@@ -80,6 +80,12 @@ for (const dialect of dialects()) {
   })
 }
 
+/** The body of an answer that must have this status. */
+function json (res: { statusCode: number, body: string }, status: number): any {
+  assert.equal(res.statusCode, status, res.body)
+  return res.body === '' ? undefined : JSON.parse(res.body)
+}
+
 /** Page reads this app's page cache has answered from itself so far (its Prometheus counter). */
 async function cacheHits (t: TestApp): Promise<number> {
   const res = await t.app.inject({ url: '/auth/metrics' })
@@ -98,10 +104,6 @@ async function servedFromCache (t: TestApp, query?: string): Promise<boolean> {
 for (const dialect of dialects()) {
   describe(`list pages after a write through each door (${dialect.name})`, () => {
     const t = useTestApp(dialect)
-    const json = (res: { statusCode: number, body: string }, status: number): any => {
-      assert.equal(res.statusCode, status, res.body)
-      return res.body === '' ? undefined : JSON.parse(res.body)
-    }
 
     it('shows a user SCIM creates, changes and deletes in the very next page read', async () => {
       const made = json(await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'idp', scopes: ['scim'] } }), 201)
@@ -271,11 +273,6 @@ if (dialects().some(dialect => dialect.url !== undefined)) {
       const listed = await page(t, `limit=50&group=${group.display_name}`)
       assert.deepEqual(listed.map(user => user.id).sort(), [...ids].sort())
     })
-
-    const json = (res: { statusCode: number, body: string }, status: number): any => {
-      assert.equal(res.statusCode, status, res.body)
-      return res.body === '' ? undefined : JSON.parse(res.body)
-    }
   })
 }
 

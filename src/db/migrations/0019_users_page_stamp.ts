@@ -51,7 +51,10 @@ import { isPostgres } from '../database.ts'
  * still a new stamp.
  *
  * The function names the counter through the trigger's schema, so it bumps
- * the right deployment's counter whatever the writer's search_path.
+ * the right deployment's counter whatever the writer's search_path. It runs
+ * with the writer's rights (SECURITY DEFINER would need a pinned search_path,
+ * a cost on every row): a role that may write these tables needs UPDATE on
+ * `users_page_stamp` too, or its commits fail, loudly, never unseen.
  *
  * SQLite keeps its stamp (`total_changes()` and `data_version`): one writer
  * at a time, and no other database shares the file.
