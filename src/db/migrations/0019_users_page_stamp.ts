@@ -103,6 +103,14 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`drop table if exists users_page_stamp`.execute(db)
 }
 
+/**
+ * Rows of the counter. pgbench, 20 connections updating one user each per
+ * transaction for 8 s (2 cores, load 10–12, 24 November 2026): no trigger
+ * 3,050 and 2,130 tps; one row 540 and 320 (each commit waits for the
+ * previous one's flush); 16 rows 1,890 and 1,560; 64 rows 1,500 and 1,720,
+ * no better. (bench/README.md, `npm run bench:stamp`, has the figures
+ * through gatehouse.)
+ */
 const SHARDS = 16
 
 /** The tables a users page reads (users.repository.ts `pageQuery`). */
