@@ -7,12 +7,12 @@ interface Entry { stamp: string, page: UserPageJson }
  * could have changed them.
  *
  * Every lookup carries the stamp read from the database for this request
- * (users.repository.ts `readChangeStamp`), which moves with any committed write
- * that may change a page, by anyone: an entry from another stamp is never
- * served, so a cached page is never staler than reading it again would be. The stamp must be read before
- * the page it labels: a write landing in between makes the page newer than its
- * stamp, which only costs a miss later, whereas the other order could label an
- * old page with a new stamp.
+ * (users.repository.ts `readChangeStamp`), which moves with any committed
+ * write that may change a page, by anyone: an entry from another stamp is
+ * never served, so a cached page is never staler than reading it again would
+ * be. The stamp must be read before the page it labels: a write landing in
+ * between makes the page newer than its stamp, which only costs a miss later,
+ * whereas the other order could label an old page with a new stamp.
  *
  * Bounded by the bytes of JSON held, least recently used out first.
  *
