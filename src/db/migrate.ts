@@ -18,6 +18,7 @@ import * as m0015 from './migrations/0015_account_tokens.ts'
 import * as m0016 from './migrations/0016_user_search.ts'
 import * as m0017 from './migrations/0017_scim_enterprise.ts'
 import * as m0018 from './migrations/0018_group_member_order.ts'
+import * as m0019 from './migrations/0019_users_page_stamp.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -38,7 +39,8 @@ const migrations: Record<string, Migration> = {
   '0015_account_tokens': m0015,
   '0016_user_search': m0016,
   '0017_scim_enterprise': m0017,
-  '0018_group_member_order': m0018
+  '0018_group_member_order': m0018,
+  '0019_users_page_stamp': m0019
 }
 
 /**

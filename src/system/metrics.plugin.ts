@@ -4,6 +4,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { countMailsByStatus } from '../mail/mail.repository.ts'
 import { countDeliveriesByStatus } from '../webhooks/webhooks.repository.ts'
 import { problems } from '../lib/openapi.ts'
+import { pageCacheCounts } from '../users/users.service.ts'
 
 /**
  * Prometheus metrics at `${basePath}/metrics`. Routes are labelled by their
@@ -39,6 +40,17 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     collect () {
       this.reset()
       this.inc(app.stdoutLog?.droppedLines ?? 0)
+    }
+  }))
+
+  registry.registerMetric(new Counter({
+    name: 'gatehouse_users_page_cache_lookups_total',
+    help: 'Users list pages asked of this instance\'s page cache, by result: hit (served from it), miss (read from the database), resting (read from the database without asking, after a streak of misses).',
+    labelNames: ['result'] as const,
+    registers: [],
+    collect () {
+      this.reset()
+      for (const [result, count] of Object.entries(pageCacheCounts(app.db))) this.inc({ result }, count)
     }
   }))
 

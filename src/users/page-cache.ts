@@ -7,12 +7,12 @@ interface Entry { stamp: string, page: UserPageJson }
  * could have changed them.
  *
  * Every lookup carries the stamp read from the database for this request
- * (users.repository.ts `readChangeStamp`), which moves with any committed write
- * by anyone: an entry from another stamp is never served, so a cached page is
- * never staler than reading it again would be. The stamp must be read before
- * the page it labels: a write landing in between makes the page newer than its
- * stamp, which only costs a miss later, whereas the other order could label an
- * old page with a new stamp.
+ * (users.repository.ts `readChangeStamp`), which moves with any committed
+ * write that may change a page, by anyone: an entry from another stamp is
+ * never served, so a cached page is never staler than reading it again would
+ * be. The stamp must be read before the page it labels: a write landing in
+ * between makes the page newer than its stamp, which only costs a miss later,
+ * whereas the other order could label an old page with a new stamp.
  *
  * Bounded by the bytes of JSON held, least recently used out first.
  *
@@ -30,6 +30,8 @@ export class PageCache {
   #bytes = 0
   #misses = 0
   #restUntil = 0
+  /** Lookups so far, for the metrics: served from here, missed, or answered without a lookup while resting. */
+  readonly counts = { hit: 0, miss: 0, resting: 0 }
 
   constructor (maxBytes: number, { missStreak = 8, restMs = 1000 }: { missStreak?: number, restMs?: number } = {}) {
     this.#maxBytes = maxBytes
@@ -37,13 +39,17 @@ export class PageCache {
     this.#restMs = restMs
   }
 
+  /** Whether to read the page directly; a true answer counts as a lookup (`counts.resting`). */
   resting (now = Date.now()): boolean {
-    return now < this.#restUntil
+    if (now >= this.#restUntil) return false
+    this.counts.resting++
+    return true
   }
 
   get (key: string, stamp: string, now = Date.now()): UserPageJson | undefined {
     const entry = this.#entries.get(key)
     if (entry === undefined || entry.stamp !== stamp) {
+      this.counts.miss++
       if (entry !== undefined) this.#remove(key, entry)
       if (++this.#misses >= this.#missStreak) {
         this.#misses = 0
@@ -52,6 +58,7 @@ export class PageCache {
       return undefined
     }
     this.#misses = 0
+    this.counts.hit++
     // Re-inserted: a Map iterates in insertion order, so the first key is the least recently used.
     this.#entries.delete(key)
     this.#entries.set(key, entry)

@@ -348,25 +348,35 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
 }
 
 /**
- * A text that changes whenever a write may have been committed since it was
- * last read; two equal stamps mean no write came in between, from this
- * process or any other.
+ * A text that changes whenever a write that may change a users page has been
+ * committed since it was last read; two equal stamps mean no such write came
+ * in between, from this process or any other.
  *
  * SQLite: `total_changes()` counts the rows this connection has inserted,
  * updated or deleted, and `data_version` moves when another connection (the
  * CLI, another process on the same file) commits.
  *
- * PostgreSQL: the current snapshot (`xmin:xmax:in-progress ids`). Its `xmax`
- * is one past the newest finished transaction, and a transaction that
- * finishes below it leaves the in-progress list, so any commit anywhere in
- * the cluster changes it; reads that write nothing take no transaction id and
- * leave it alone. Nothing is written to read it, so it costs writers nothing.
+ * PostgreSQL: the sum of `users_page_stamp`, which every committed
+ * transaction that changes users, group memberships or groups adds one to,
+ * by trigger, whoever runs it, and the rows' xmins (migration 0019 argues
+ * why it never misses such a commit). Commits in other databases of the
+ * cluster, and to other tables, leave it alone (`pg_current_snapshot()`,
+ * the stamp before, moved with every commit in the cluster).
+ *
+ * Read in a statement of its own, before the page, under READ COMMITTED:
+ * the page's statement then has a snapshot at least as new as the stamp's,
+ * since a snapshot taken later sees every commit an earlier one saw. A
+ * commit in between makes the page newer than its stamp, which costs a miss
+ * later and is never served stale: the next stamp read sees that commit too,
+ * and differs. Neither one statement nor a REPEATABLE READ transaction is
+ * needed for that, and both would cost the list a round trip or a plan.
  */
 export async function readChangeStamp (db: Db): Promise<string> {
   if (isPostgres(db)) {
-    const [row] = await executePrepared(db, 'change_stamp', () => db.selectNoFrom(sql<string>`pg_current_snapshot()::text`.as('snapshot')), {})
-    if (row === undefined) throw new Error('a select without FROM returned no row')
-    return row.snapshot
+    const [row] = await executePrepared(db, 'change_stamp', () => db.selectNoFrom(
+      sql<string | null>`(select sum(n)::text || ':' || string_agg(xmin::text, ',' order by shard) from users_page_stamp)`.as('stamp')), {})
+    if (row?.stamp == null) throw new Error('users_page_stamp is empty: migration 0019 makes its rows')
+    return row.stamp
   }
   const [row] = await executePrepared(db, 'change_stamp', () =>
     db.selectNoFrom([sql<number>`total_changes()`.as('changes'), sql<number>`(select data_version from pragma_data_version())`.as('version')]), {})

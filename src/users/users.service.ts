@@ -224,6 +224,11 @@ async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: nu
   return page
 }
 
+/** How the page cache of this database has answered so far (the metrics plugin exports it). */
+export function pageCacheCounts (db: Db): { hit: number, miss: number, resting: number } {
+  return { ...(pageCaches.get(db)?.counts ?? { hit: 0, miss: 0, resting: 0 }) }
+}
+
 export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
   // Keyset position: [sort value, id]; username sorts by its case-folded text, the others by a timestamp.
   const after = cursor !== undefined ? decodeCursor(cursor, sort, [sort.endsWith('username') ? 'text' : 'timestamp', 'uuid']) as [string, string] : undefined
