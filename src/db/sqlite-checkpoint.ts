@@ -8,11 +8,12 @@ import { BETTER_SQLITE3_PATH } from './sqlite-binding.ts'
  *
  * By default the connection that commits checkpoints the WAL itself once it
  * holds 1,000 pages: it copies them into the database file and fsyncs both,
- * inside that commit, on the event loop. A sign-in writes about ten pages
- * (the user, the session, the sign-in address, the event, their indexes), so
- * during a sign-in storm every ~100th sign-in stopped the event loop for the
- * whole checkpoint, and every request waiting (the reverse proxy's /verify
- * above all) waited with it. Measured with better-sqlite3 alone on the 2-core
+ * inside that commit, on the event loop. A sign-in adds about three pages
+ * to the WAL (12.5 KB measured on a fresh file: the user, the session, the
+ * sign-in address, the event and their indexes), so during a sign-in storm
+ * about every 330th sign-in stopped the event loop for the whole checkpoint,
+ * and every request waiting (the reverse proxy's /verify above all) waited
+ * with it. Measured with better-sqlite3 alone on the 2-core
  * VM (3,000 transactions of 4 indexed inserts, load 5): autocheckpoint on,
  * p99 9.6 ms and max 16.7 ms per commit, 1,270 ms in all; off, p99 2.4 ms and
  * max 6.4 ms, 789 ms in all. The figures for the server are in bench/README.md
