@@ -14,9 +14,9 @@ import { seedRow } from './fixtures.ts'
 import { isRunning, log, startChild, tail, type Child } from './harness.ts'
 
 /** Spawns the compiled server and times it from spawn to its first 2xx on /auth/healthz (polled every 10 ms). */
-export async function startTimed (name: string, env: NodeJS.ProcessEnv, base: string, nodeArgs: string[] = []): Promise<{ child: Child, startupMs: number }> {
+export async function startTimed (name: string, env: NodeJS.ProcessEnv, base: string, nodeArgs: string[] = [], script = 'dist/server.js'): Promise<{ child: Child, startupMs: number }> {
   const started = performance.now()
-  const child = startChild(name, 'dist/server.js', env, nodeArgs)
+  const child = startChild(name, script, env, nodeArgs)
   const deadline = Date.now() + 60_000
   while (Date.now() < deadline) {
     if (!isRunning(child)) throw new Error(`${name} exited before it was ready:\n${tail(child.stderrPath)}\n${tail(child.stdoutPath)}`)

@@ -97,6 +97,46 @@ for (const dialect of dialects()) {
       assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${admin.id}`, headers: auth(t.adminKey), payload: { role: 'user' } })).statusCode, 200)
       assert.equal(await status(t.app, '/auth/api/users?limit=1', bearer), 403)
     })
+
+    it('a sign-in leaves the cache full: the gate goes on answering from it during a sign-in storm', async () => {
+      const gate = await createUser(t)
+      const bearer = await signIn(t.app, gate.username)
+      await waitForAsync(async () => await status(t.app, '/auth/api/verify', bearer) === 200 && cached(t.app) > 0, 'the session is cached after its use')
+      const other = await createUser(t)
+      const generation = t.app.credentials.generation()
+      const size = cached(t.app)
+      await signIn(t.app, other.username)
+      assert.equal(t.app.credentials.generation(), generation)
+      assert.equal(cached(t.app), size)
+    })
+
+    if (dialect.name === 'postgres') {
+      it('a sign-in sends no credential notice to the other instances; disabling a user still does', async () => {
+        const schema = t.config.databaseSchema!
+        const listener = new pg.Client({ connectionString: dialect.url })
+        const notices: string[] = []
+        listener.on('notification', message => { if (message.channel === 'gatehouse_credentials') notices.push(message.payload ?? '') })
+        await listener.connect()
+        try {
+          await listener.query('LISTEN gatehouse_credentials')
+          // Notices reach a listener in the order their transactions committed: once the marker sent after
+          // the sign-in has arrived, a notice from the sign-in would have arrived before it.
+          const roundTrip = async (marker: string): Promise<string[]> => {
+            await listener.query('select pg_notify($1, $2)', ['gatehouse_credentials', marker])
+            await waitFor(() => notices.includes(marker), `the marker ${marker} arrives`)
+            return notices.splice(0).filter(payload => payload === schema)
+          }
+          const user = await createUser(t)
+          await roundTrip('before')
+          await signIn(t.app, user.username)
+          assert.deepEqual(await roundTrip('after-sign-in'), [])
+          assert.equal((await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { disabled: true } })).statusCode, 200)
+          assert.ok((await roundTrip('after-disable')).length > 0, 'disabling the user notified the instances')
+        } finally {
+          await listener.end()
+        }
+      })
+    }
   })
 }
 

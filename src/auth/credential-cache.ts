@@ -89,11 +89,15 @@ export class CredentialCache {
   get size (): number { return this.#entries.size }
 }
 
-/** Per table, the columns whose updates only record use or sign-in bookkeeping (as in migration 0007's triggers). */
+/**
+ * Per table, the columns whose updates only record use or sign-in bookkeeping (as the triggers of migrations
+ * 0007 and 0020 do). `last_login_at` is here because every successful sign-in writes it: counted as a
+ * change, a sign-in storm emptied the cache at each sign-in and sent the gate's checks back to the database.
+ */
 const CREDENTIAL_TABLES = new Map([
   ['api_keys', new Set(['last_used_at'])],
   ['sessions', new Set(['last_seen_at'])],
-  ['users', new Set(['failed_logins', 'locked_until'])]
+  ['users', new Set(['failed_logins', 'locked_until', 'last_login_at'])]
 ])
 const WRITE_SQL = /\b(update|delete)\b/i
 

@@ -17,6 +17,7 @@ import {
 import type pg from 'pg'
 import type { Config } from '../config.ts'
 import { Sqlite } from './sqlite-binding.ts'
+import { checkpointInBackground } from './sqlite-checkpoint.ts'
 import { loadPg } from './pg-driver.ts'
 
 /** Timestamps are written as RFC 3339 strings; PostgreSQL hands back Date, SQLite the string. */
@@ -521,10 +522,15 @@ function openSqlite (path: string, busyTimeoutMs: number): SqliteDatabase {
   raw.pragma('journal_mode = WAL')
   raw.pragma('synchronous = NORMAL')
   raw.pragma('foreign_keys = ON')
+  // Checkpoints off the event loop: see sqlite-checkpoint.ts. An in-memory database has no WAL.
+  const checkpointer = file === ':memory:' ? undefined : checkpointInBackground(raw, file, busyTimeoutMs)
   // Kysely prepares every statement anew; preparing is a large share of a short query's cost.
   const statements = new Map<string, SqliteStatement>()
   return {
-    close: () => raw.close(),
+    close: () => {
+      checkpointer?.stop()
+      raw.close()
+    },
     prepare: (text: string) => {
       let statement = statements.get(text)
       if (statement === undefined) {

@@ -20,3 +20,6 @@ const require = createRequire(import.meta.url)
 export const BETTER_SQLITE3_PACKAGE = Number(process.versions.napi) >= 10 ? 'better-sqlite3-node-api' : 'better-sqlite3'
 
 export const Sqlite: typeof BetterSqlite3 = require(BETTER_SQLITE3_PACKAGE)
+
+/** Where that package is, for a worker thread that opens a connection of its own (sqlite-checkpoint.ts). */
+export const BETTER_SQLITE3_PATH = require.resolve(BETTER_SQLITE3_PACKAGE)

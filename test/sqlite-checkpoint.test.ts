@@ -1,0 +1,84 @@
+import assert from 'node:assert/strict'
+import { randomBytes } from 'node:crypto'
+import { mkdtempSync, rmSync, statSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { after, describe, it } from 'node:test'
+import { Sqlite } from '../src/db/sqlite-binding.ts'
+import { checkpointInBackground } from '../src/db/sqlite-checkpoint.ts'
+
+/*
+ * SQLite only: PostgreSQL has no WAL of ours to checkpoint. The server's
+ * connection (src/db/database.ts) hands its checkpoints to a worker thread;
+ * these tests use a small WAL threshold so a few writes reach it.
+ */
+const WAL_BYTES = 64 * 1024
+const dir = mkdtempSync(join(tmpdir(), 'gatehouse-checkpoint-'))
+after(() => { rmSync(dir, { recursive: true, force: true }) })
+
+function openWal (name: string): { raw: InstanceType<typeof Sqlite>, file: string } {
+  const file = join(dir, name)
+  const raw = new Sqlite(file)
+  raw.pragma('journal_mode = WAL')
+  raw.pragma('synchronous = NORMAL')
+  raw.exec('create table notes (id text primary key, body text not null)')
+  return { raw, file }
+}
+
+function writeRows (raw: InstanceType<typeof Sqlite>, rows: number): void {
+  const insert = raw.prepare('insert into notes (id, body) values (?, ?)')
+  raw.transaction(() => { for (let i = 0; i < rows; i++) insert.run(randomBytes(16).toString('hex'), randomBytes(512).toString('hex')) })()
+}
+
+async function waitFor (condition: () => boolean, what: string, withinMs = 15_000): Promise<void> {
+  const started = Date.now()
+  while (!condition()) {
+    if (Date.now() - started > withinMs) assert.fail(`timed out waiting: ${what}`)
+    await new Promise(resolve => setTimeout(resolve, 20))
+  }
+}
+
+describe('SQLite checkpoints off the event loop (sqlite)', () => {
+  it('the connection stops checkpointing, and a worker thread copies the WAL into the database file once it is big', async () => {
+    const { raw, file } = openWal('worker.db')
+    const checkpointer = checkpointInBackground(raw, file, 5000, WAL_BYTES)
+    try {
+      assert.equal(raw.pragma('wal_autocheckpoint', { simple: true }), 0)
+      const before = statSync(file).size
+      writeRows(raw, 200)
+      assert.ok(statSync(`${file}-wal`).size >= WAL_BYTES, 'the WAL is past the threshold')
+      await waitFor(() => checkpointer.count > 0, 'a checkpoint by the worker')
+      assert.equal(checkpointer.fellBack, false)
+      // Only a checkpoint moves pages from the WAL into the file, and this connection makes none.
+      assert.ok(statSync(file).size > before + 100 * 1024, `the database file grew from ${before} to ${statSync(file).size} bytes`)
+      const reader = new Sqlite(file, { readonly: true })
+      try {
+        assert.deepEqual(reader.prepare('select count(*) as n from notes').get(), { n: 200 })
+      } finally {
+        reader.close()
+      }
+    } finally {
+      checkpointer.stop()
+      raw.close()
+    }
+  })
+
+  it('when the worker cannot open the database, the connection checkpoints for itself again', async () => {
+    const { raw, file } = openWal('fallback.db')
+    const warnings: string[] = []
+    const onWarning = (warning: Error): void => { warnings.push(warning.message) }
+    process.on('warning', onWarning)
+    // A busy timeout better-sqlite3 refuses: the worker's connection fails to open.
+    const checkpointer = checkpointInBackground(raw, file, -1, WAL_BYTES)
+    try {
+      writeRows(raw, 200)
+      await waitFor(() => checkpointer.fellBack, 'the fall-back')
+      assert.equal(raw.pragma('wal_autocheckpoint', { simple: true }), 1000)
+      await waitFor(() => warnings.some(w => w.startsWith('SQLite checkpoints are back on the event loop')), 'the warning')
+    } finally {
+      process.off('warning', onWarning)
+      checkpointer.stop()
+      raw.close()
+    }
+  })
+})
