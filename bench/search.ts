@@ -33,12 +33,29 @@ import type { FastifyTypeBox } from '../src/lib/http.ts'
 import { envInt, fmt, log } from './harness.ts'
 import { dropSchema, postgresReachable } from './issue-rows.ts'
 
-const USERS = envInt('BENCH_USERS', 1_000_000)
-const EVENT_SIZES = (process.env.BENCH_EVENTS ?? '1000000,10000000').split(',').map(Number).filter(n => n > 0)
-const SAMPLES = envInt('BENCH_SAMPLES', 100)
-/** A shape that is slow (a scan) stops after this long, with the samples it has. */
-const BUDGET_MS = envInt('BENCH_BUDGET_MS', 15_000)
-const POSTGRES_URL = process.env.BENCH_DATABASE_URL
+export interface SearchSettings {
+  users: number
+  /** Sizes the events table is filled to in turn; empty: no events. */
+  eventSizes: number[]
+  samples: number
+  /** A shape that is slow (a scan) stops after this long, with the samples it has. */
+  budgetMs: number
+  /** PostgreSQL; undefined: SQLite only. */
+  postgresUrl: string | undefined
+  engines: string[]
+}
+
+/** The settings `npm run bench:search` takes from its environment (`npm run bench` passes its own: bench/issue20.ts). */
+export function searchSettings (): SearchSettings {
+  return {
+    users: envInt('BENCH_USERS', 1_000_000),
+    eventSizes: (process.env.BENCH_EVENTS ?? '1000000,10000000').split(',').map(Number).filter(n => n > 0),
+    samples: envInt('BENCH_SAMPLES', 100),
+    budgetMs: envInt('BENCH_BUDGET_MS', 15_000),
+    postgresUrl: process.env.BENCH_DATABASE_URL,
+    engines: (process.env.BENCH_ENGINES ?? 'sqlite,postgres').split(',')
+  }
+}
 
 const FIRST = ['Ada', 'Grace', 'Alan', 'Edsger', 'Barbara', 'Donald', 'Frances', 'Ken']
 const LAST = ['Lovelace', 'Hopper', 'Turing', 'Dijkstra', 'Liskov', 'Knuth', 'Allen', 'Thompson']
@@ -49,20 +66,20 @@ const userId = (i: number): string => `00000000-0000-7000-8000-${String(i).padSt
 interface Shape { name: string, path: (k: number) => string }
 
 /** The requests measured; k varies the needle or the id so that no two requests are alike. */
-function shapes (events: boolean): Shape[] {
+function shapes (events: boolean, users: number): Shape[] {
   const pick = (k: number, n: number): number => (k * 7919 + 13) % n
   if (events) {
     return [
       // 1,000 actors: each acted in one event of 1,000.
       { name: 'events actor_id= (1 in 1,000 events)', path: k => `/auth/api/events?actor_id=${userId(pick(k, 1000))}` },
       // Targets spread over every user: about (events / users) each.
-      { name: 'events target_id= (a few events each)', path: k => `/auth/api/events?target_id=${userId(pick(k, USERS))}` }
+      { name: 'events target_id= (a few events each)', path: k => `/auth/api/events?target_id=${userId(pick(k, users))}` }
     ]
   }
   return [
     // bench.user0123456: ten usernames (and their e-mails) contain user012345.
-    { name: 'q= 10 matches (user012345)', path: k => `/auth/api/users?limit=50&q=user${String(pick(k, USERS / 10)).padStart(6, '0')}` },
-    { name: 'q= 1,000 matches (er0012)', path: k => `/auth/api/users?limit=50&q=er${String(pick(k, USERS / 1000)).padStart(4, '0')}` },
+    { name: 'q= 10 matches (user012345)', path: k => `/auth/api/users?limit=50&q=user${String(pick(k, users / 10)).padStart(6, '0')}` },
+    { name: 'q= 1,000 matches (er0012)', path: k => `/auth/api/users?limit=50&q=er${String(pick(k, users / 1000)).padStart(4, '0')}` },
     { name: 'q= no match (zqx…)', path: k => `/auth/api/users?limit=50&q=zqx${k}` },
     { name: 'q= 1 in 8 users (hopper, ...)', path: k => `/auth/api/users?limit=50&q=${LAST[k % 8]!.toLowerCase()}` },
     { name: 'q= 2 chars, no match (scan)', path: k => `/auth/api/users?q=${String.fromCharCode(113 + (k % 3))}${String.fromCharCode(120 + (k % 2))}&limit=${1 + (k % 100)}` },
@@ -139,7 +156,7 @@ const EVENTS_BATCH = 1_000_000
  * events in: an earlier run that kept them, one INSERT of 9,000,000 rows on
  * SQLite, had not finished after 9 minutes (a 4 GB WAL).
  */
-async function seedEvents (db: Db, from: number, to: number): Promise<void> {
+async function seedEvents (db: Db, from: number, to: number, users: number): Promise<void> {
   if (isPostgres(db)) {
     const indexes = (await sql<{ name: string, definition: string }>`select indexname as name, indexdef as definition from pg_indexes
       where schemaname = current_schema() and tablename = 'events' and indexname not in (select conname from pg_constraint where conrelid = 'events'::regclass)`.execute(db)).rows
@@ -148,7 +165,7 @@ async function seedEvents (db: Db, from: number, to: number): Promise<void> {
       await sql`insert into events (id, type, occurred_at, actor_type, actor_id, target_type, target_id, data)
         select ('00000000-0000-7000-a000-' || lpad(i::text, 12, '0'))::uuid, 'user.updated', timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second',
           'user', '00000000-0000-7000-8000-' || lpad(((i * 7919 + 13) % 1000)::text, 12, '0'),
-          'user', '00000000-0000-7000-8000-' || lpad(((i::bigint * 104729 + 7) % ${USERS})::text, 12, '0'), '{}'::jsonb
+          'user', '00000000-0000-7000-8000-' || lpad(((i::bigint * 104729 + 7) % ${users})::text, 12, '0'), '{}'::jsonb
         from generate_series(${start}::bigint, ${Math.min(to, start + EVENTS_BATCH) - 1}::bigint) as i`.execute(db)
     }
     await db.connection().execute(async conn => {
@@ -166,7 +183,7 @@ async function seedEvents (db: Db, from: number, to: number): Promise<void> {
         insert into events (id, type, occurred_at, actor_type, actor_id, target_type, target_id, data)
         select '00000000-0000-7000-a000-' || printf('%012d', i), 'user.updated', strftime('%Y-%m-%dT%H:%M:%fZ', 1704067200 + i, 'unixepoch'),
           'user', '00000000-0000-7000-8000-' || printf('%012d', (i * 7919 + 13) % 1000),
-          'user', '00000000-0000-7000-8000-' || printf('%012d', (i * 104729 + 7) % ${USERS}), '{}'
+          'user', '00000000-0000-7000-8000-' || printf('%012d', (i * 104729 + 7) % ${users}), '{}'
         from n`.execute(db)
     }
   })
@@ -187,12 +204,12 @@ async function withoutSqliteObjects (db: Db, where: string, work: () => Promise<
 
 export interface Row { engine: string, shape: string, size: string, n: number, p50: number, p99: number, max: number, rows: number, load: string }
 
-async function measure (app: FastifyTypeBox, base: string, key: string, engine: string, size: string, shape: Shape): Promise<Row> {
+async function measure (app: FastifyTypeBox, base: string, key: string, engine: string, size: string, shape: Shape, s: SearchSettings): Promise<Row> {
   const times: number[] = []
   let rows = 0
   const started = performance.now()
   // Two untimed requests first: the statement is prepared, the pages it reads are in memory.
-  for (let k = -2; k < SAMPLES; k++) {
+  for (let k = -2; k < s.samples; k++) {
     // A write between requests: the page cache's change stamp moves, so the read goes to the database.
     await sql`update bench_tick set n = n + 1`.execute(app.db)
     const t0 = performance.now()
@@ -207,7 +224,7 @@ async function measure (app: FastifyTypeBox, base: string, key: string, engine: 
     if (k < 0) continue
     times.push(ms)
     rows += (JSON.parse(body) as unknown[]).length
-    if (performance.now() - started > BUDGET_MS && times.length >= 10) break
+    if (performance.now() - started > s.budgetMs && times.length >= 10) break
   }
   times.sort((a, b) => a - b)
   const q = (p: number): number => times[Math.min(times.length - 1, Math.ceil(p * times.length) - 1)]!
@@ -253,14 +270,14 @@ async function plans (db: Db, engine: string): Promise<void> {
   for (const [name, plan] of explained) log(`${engine} plan, ${name}:\n    ${plan.join('\n    ')}`)
 }
 
-async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
+async function runEngine (engine: 'sqlite' | 'postgres', s: SearchSettings): Promise<Row[]> {
   const out: Row[] = []
   const dir = mkdtempSync(join(tmpdir(), 'gatehouse-search-'))
   const schema = `gatehouse_search_${process.pid}`
   const config = engine === 'sqlite'
     ? defaultConfig({ databaseUrl: `sqlite:${join(dir, 'bench.db')}`, logLevel: 'silent', databaseStatementTimeoutMs: 600_000 })
-    : defaultConfig({ databaseUrl: POSTGRES_URL!, databaseSchema: schema, logLevel: 'silent', databaseStatementTimeoutMs: 1_800_000, databasePoolSize: 2 })
-  if (engine === 'postgres') await dropSchema(POSTGRES_URL!, schema)
+    : defaultConfig({ databaseUrl: s.postgresUrl!, databaseSchema: schema, logLevel: 'silent', databaseStatementTimeoutMs: 1_800_000, databasePoolSize: 2 })
+  if (engine === 'postgres') await dropSchema(s.postgresUrl!, schema)
   const app = await buildApp({ config, logger: false })
   try {
     const key = (await bootstrap(app.db, app.passwords, config, app.log)).generatedKey
@@ -268,26 +285,26 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
     await sql`create table bench_tick (n integer not null)`.execute(app.db)
     await sql`insert into bench_tick (n) values (0)`.execute(app.db)
     let t0 = performance.now()
-    await seedUsers(app.db, USERS)
-    log(`${engine}: seeded ${fmt(USERS)} users (with their trigram index and group memberships) in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
+    await seedUsers(app.db, s.users)
+    log(`${engine}: seeded ${fmt(s.users)} users (with their trigram index and group memberships) in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
     await app.listen({ host: '127.0.0.1', port: 0 })
     const address = app.server.address()
     if (address === null || typeof address === 'string') throw new Error('no port')
     const base = `http://127.0.0.1:${address.port}`
-    for (const shape of shapes(false)) {
-      const row = await measure(app, base, key, engine, `${fmt(USERS)} users`, shape)
+    for (const shape of shapes(false, s.users)) {
+      const row = await measure(app, base, key, engine, `${fmt(s.users)} users`, shape, s)
       log(`${engine} ${row.shape}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)
       out.push(row)
     }
     let seeded = 0
-    for (const size of EVENT_SIZES) {
+    for (const size of s.eventSizes) {
       t0 = performance.now()
-      await seedEvents(app.db, seeded, size)
+      await seedEvents(app.db, seeded, size, s.users)
       seeded = size
       log(`${engine}: events now ${fmt(size)}, seeded in ${fmt((performance.now() - t0) / 1000, 1)} s, load ${loads()}`)
-      if (size === EVENT_SIZES[0]) await plans(app.db, engine)
-      for (const shape of shapes(true)) {
-        const row = await measure(app, base, key, engine, `${fmt(size)} events`, shape)
+      if (size === s.eventSizes[0]) await plans(app.db, engine)
+      for (const shape of shapes(true, s.users)) {
+        const row = await measure(app, base, key, engine, `${fmt(size)} events`, shape, s)
         log(`${engine} ${row.shape} at ${fmt(size)}: p99 ${row.p99.toFixed(1)} ms (n ${row.n}), load ${row.load}`)
         out.push(row)
       }
@@ -295,7 +312,7 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
   } finally {
     await app.close()
     rmSync(dir, { recursive: true, force: true })
-    if (engine === 'postgres') await dropSchema(POSTGRES_URL!, schema)
+    if (engine === 'postgres') await dropSchema(s.postgresUrl!, schema)
   }
   return out
 }
@@ -304,15 +321,14 @@ async function runEngine (engine: 'sqlite' | 'postgres'): Promise<Row[]> {
 export interface IssueRow { work: string, measured: string, goal: string, met: boolean }
 
 /** Runs every engine of BENCH_ENGINES and returns the measured rows, one per request shape and size. */
-export async function runSearchBench (): Promise<Row[]> {
-  log(`start, load ${loads()}; ${fmt(USERS)} users, events ${EVENT_SIZES.map(n => fmt(n)).join(' then ')}, ${SAMPLES} samples a shape`)
-  const engines = (process.env.BENCH_ENGINES ?? 'sqlite,postgres').split(',')
-  const rows = engines.includes('sqlite') ? await runEngine('sqlite') : []
-  if (!engines.includes('postgres')) {
+export async function runSearchBench (s = searchSettings()): Promise<Row[]> {
+  log(`start, load ${loads()}; ${fmt(s.users)} users, events ${s.eventSizes.map(n => fmt(n)).join(' then ')}, ${s.samples} samples a shape`)
+  const rows = s.engines.includes('sqlite') ? await runEngine('sqlite', s) : []
+  if (!s.engines.includes('postgres')) {
     log('PostgreSQL skipped: not in BENCH_ENGINES')
-  } else if (POSTGRES_URL !== undefined && POSTGRES_URL !== '') {
-    const why = await postgresReachable(POSTGRES_URL)
-    if (why === undefined) rows.push(...await runEngine('postgres'))
+  } else if (s.postgresUrl !== undefined && s.postgresUrl !== '') {
+    const why = await postgresReachable(s.postgresUrl)
+    if (why === undefined) rows.push(...await runEngine('postgres', s))
     else log(`PostgreSQL skipped: ${why}`)
   } else {
     log('PostgreSQL skipped: set BENCH_DATABASE_URL')
@@ -362,8 +378,8 @@ export function issue20Rows (rows: Row[]): IssueRow[] {
 }
 
 /** The bench as `npm run bench` runs it: every engine, then issue 20's rows. */
-export async function measureIssue20Search (): Promise<IssueRow[]> {
-  return issue20Rows(await runSearchBench())
+export async function measureIssue20Search (s = searchSettings()): Promise<IssueRow[]> {
+  return issue20Rows(await runSearchBench(s))
 }
 
 async function main (): Promise<void> {
