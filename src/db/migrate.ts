@@ -17,6 +17,7 @@ import * as m0014 from './migrations/0014_mail.ts'
 import * as m0015 from './migrations/0015_account_tokens.ts'
 import * as m0016 from './migrations/0016_user_search.ts'
 import * as m0017 from './migrations/0017_scim_enterprise.ts'
+import * as m0021 from './migrations/0021_user_json.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -36,7 +37,8 @@ const migrations: Record<string, Migration> = {
   '0014_mail': m0014,
   '0015_account_tokens': m0015,
   '0016_user_search': m0016,
-  '0017_scim_enterprise': m0017
+  '0017_scim_enterprise': m0017,
+  '0021_user_json': m0021
 }
 
 /**
