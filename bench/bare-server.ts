@@ -20,13 +20,21 @@ const ITEMS = 50
 const port = Number(process.env.PORT ?? '0')
 const users = Array.from({ length: ITEMS }, (_, i) => toUser(seedRow(i)))
 
-interface Row { groups: string, disabled: number, password_sign_in: number }
+interface Row { groups: string, disabled: number, password_sign_in: number, email_verified: number, invitation_pending: number }
 const read = process.env.BARE_DB !== undefined
   ? (() => {
       const statement = new SQLite(process.env.BARE_DB, { readonly: true }).prepare(
-        `select id, username, email, first_name, last_name, role, groups, disabled, password_sign_in, created_at, updated_at, last_login_at, password_changed_at
+        `select id, username, email, first_name, last_name, role, groups, disabled, password_sign_in, email_verified, invitation_pending,
+           created_at, updated_at, last_login_at, password_changed_at
          from users order by created_at, id limit ${ITEMS}`)
-      return () => (statement.all() as Row[]).map(row => ({ ...row, groups: JSON.parse(row.groups) as string[], disabled: row.disabled === 1, password_sign_in: row.password_sign_in === 1 }))
+      return () => (statement.all() as Row[]).map(row => ({
+        ...row,
+        groups: JSON.parse(row.groups) as string[],
+        disabled: row.disabled === 1,
+        password_sign_in: row.password_sign_in === 1,
+        email_verified: row.email_verified === 1,
+        invitation_pending: row.invitation_pending === 1
+      }))
     })()
   : () => users
 

@@ -281,6 +281,11 @@ export interface LoadCpu {
   loadGeneratorCpu: { cores: number }
   /** Busy cores of the whole machine minus the server and this process: other work competing for the CPU during the run. */
   otherCpu: { cores: number } | null
+  /**
+   * Processes that work for the server (its PostgreSQL backends), when the caller named them: their CPU during the
+   * measured window, counted out of otherCpu. Null when none were named.
+   */
+  companionCpu?: { cores: number, usPerRequest: number, pids: number } | null
 }
 
 export interface LoadRun extends LoadCpu {
@@ -295,13 +300,17 @@ export interface LoadRun extends LoadCpu {
  * busy machine or a saturated load generator. Throws once the run is being stopped.
  */
 export async function measureLoad (
-  name: string, child: Child, options: autocannon.Options & { connections: number }, timing: { warmupS: number, durationS: number }
+  name: string, child: Child, options: autocannon.Options & { connections: number }, timing: { warmupS: number, durationS: number },
+  /** Called after the warm-up and again after the run: pids of processes whose CPU belongs to this target (PostgreSQL backends of the server). */
+  companions?: () => Promise<number[]>
 ): Promise<LoadRun> {
   log(`${name}: warm-up ${timing.warmupS} s`)
   const warm = await runCannon({ ...options, duration: timing.warmupS })
   if (stopping) throw new Error('interrupted')
   if (warm.non2xx > 0 || warm.errors > 0) log(`${name}: warm-up had ${warm.non2xx} non-2xx and ${warm.errors} errors`)
   log(`${name}: measuring ${timing.durationS} s with ${options.connections} connections`)
+  const companionPids = companions !== undefined ? await companions() : []
+  const companionsBefore = new Map(companionPids.map(pid => [pid, cpuSecondsOf(pid)]))
   const serverBefore = cpuSecondsOf(child.proc.pid)
   const machineBefore = machineBusySeconds()
   const ownBefore = process.cpuUsage()
@@ -309,11 +318,18 @@ export async function measureLoad (
   const own = process.cpuUsage(ownBefore)
   const machineAfter = machineBusySeconds()
   const serverAfter = cpuSecondsOf(child.proc.pid)
+  // A backend that appeared during the run counts from zero (it started within it); one that ended is lost, which the pid count shows.
+  let companionS = 0
+  const companionPidsAfter = companions !== undefined ? await companions() : []
+  for (const pid of new Set([...companionPids, ...companionPidsAfter])) {
+    const after = cpuSecondsOf(pid)
+    if (after !== undefined) companionS += after - (companionsBefore.get(pid) ?? 0)
+  }
   if (stopping) throw new Error('interrupted')
   const serverS = serverBefore !== undefined && serverAfter !== undefined ? serverAfter - serverBefore : undefined
   const ownS = (own.user + own.system) / 1e6
   const otherS = serverS !== undefined && machineBefore !== undefined && machineAfter !== undefined
-    ? Math.max(0, machineAfter - machineBefore - serverS - ownS)
+    ? Math.max(0, machineAfter - machineBefore - serverS - ownS - companionS)
     : undefined
   return {
     warm,
@@ -326,7 +342,8 @@ export async function measureLoad (
     },
     serverCpu: serverS === undefined ? null : { cores: serverS / r.duration, usPerRequest: serverS * 1e6 / Math.max(1, r.requests.total) },
     loadGeneratorCpu: { cores: ownS / r.duration },
-    otherCpu: otherS === undefined ? null : { cores: otherS / r.duration }
+    otherCpu: otherS === undefined ? null : { cores: otherS / r.duration },
+    companionCpu: companions === undefined ? null : { cores: companionS / r.duration, usPerRequest: companionS * 1e6 / Math.max(1, r.requests.total), pids: new Set([...companionPids, ...companionPidsAfter]).size }
   }
 }
 

@@ -17,6 +17,7 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
@@ -38,7 +39,9 @@ const settings = {
   keepTmp: envFlag('BENCH_KEEP_TMP'),
   /** The PostgreSQL half of the run; a schema of its own is created there and dropped at the end. `off` skips it. */
   postgresUrl: process.env.BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
-  createConnections: envInt('BENCH_CREATE_CONNECTIONS', 10)
+  createConnections: envInt('BENCH_CREATE_CONNECTIONS', 10),
+  /** `uncached`: only the bare route and issue 20's uncached pages (SQLite and PostgreSQL), for quick comparisons while working on them. */
+  only: process.env.BENCH_ONLY === 'uncached' ? 'uncached' as const : undefined
 }
 
 installCleanUp({ keepTmp: settings.keepTmp })
@@ -199,10 +202,10 @@ async function measureCreates (child: Child, base: string, key: string): Promise
   }
 }
 
-type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], idleRss: number | null, list: Measurement, verify: Measurement, seedMs: number }
+type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], idleRss: number | null, list: Measurement | undefined, uncached: UncachedMeasurement, verify: Measurement | undefined, seedMs: number }
 
 /** The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it. */
-async function measurePostgres (): Promise<PostgresPart> {
+async function measurePostgres (nodeArgs: string[] = []): Promise<PostgresPart> {
   if (settings.postgresUrl === 'off') return { ran: false, why: 'BENCH_PG_URL=off' }
   const unreachable = await postgresReachable(settings.postgresUrl)
   if (unreachable !== undefined) return { ran: false, why: `PostgreSQL at ${settings.postgresUrl}: ${unreachable}` }
@@ -223,21 +226,24 @@ async function measurePostgres (): Promise<PostgresPart> {
       PORT: String(port),
       DATABASE_URL: settings.postgresUrl,
       DATABASE_SCHEMA: schema,
+      // Names the server's connections, so that the uncached target can count its PostgreSQL backends' CPU.
+      PGAPPNAME: benchAppName(),
       RATE_LIMIT_PER_CREDENTIAL: '1000000000',
       RATE_LIMIT_PER_ADDRESS: '1000000000'
     })
-    const { child, startupMs: firstStartMs } = await startTimed('gatehouse-pg', pgEnv, base)
+    const { child, startupMs: firstStartMs } = await startTimed('gatehouse-pg', pgEnv, base, nodeArgs)
     const key = await readAdminKey(child)
     const url = `${base}${USERS_PATH}?limit=${PAGE_SIZE}`
     const page = await checkList(url, { 'x-api-key': key }, PAGE_SIZE)
     await sleep(2000)
     const idleRss = rssMiB(child)
-    const list = await measure('gatehouse-pg', child, url, { 'x-api-key': key }, page.bodyBytes)
-    const cookie = await sessionCookie(base, key, 'bench.verify')
-    const verify = await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie }, 0)
+    const quick = settings.only === 'uncached'
+    const list = quick ? undefined : await measure('gatehouse-pg', child, url, { 'x-api-key': key }, page.bodyBytes)
+    const uncached = await measureUncached('gatehouse-pg-uncached', 'postgres', child, base, key, settings.users, settings, backendPids(settings.postgresUrl, benchAppName()))
+    const verify = quick ? undefined : await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie: await sessionCookie(base, key, 'bench.verify') }, 0)
     await stopChild(child)
-    const startsMs = [firstStartMs, ...await restarts('gatehouse-pg-restart', pgEnv, STARTS - 1)]
-    return { ran: true, startupMs: median(startsMs), startsMs, idleRss, list, verify, seedMs }
+    const startsMs = [firstStartMs, ...quick ? [] : await restarts('gatehouse-pg-restart', pgEnv, STARTS - 1)]
+    return { ran: true, startupMs: median(startsMs), startsMs, idleRss, list, uncached, verify, seedMs }
   } finally {
     await dropSchema(settings.postgresUrl, schema)
   }
@@ -254,8 +260,8 @@ function issueRows (m: { ratio: number, cpuRatio: number | null, startupMs: numb
     quiet: busy.length === 0,
     listSqliteToBare: m.ratio,
     listSqliteToBareCpuTime: m.cpuRatio,
-    listPostgresToBare: pgPart.ran ? pgPart.list.reqPerSec.average / m.bareResult.reqPerSec.average : null,
-    verifyPostgresToSqlite: pgPart.ran ? pgPart.verify.reqPerSec.average / m.verifyResult.reqPerSec.average : null,
+    listPostgresToBare: pgPart.ran && pgPart.list !== undefined ? pgPart.list.reqPerSec.average / m.bareResult.reqPerSec.average : null,
+    verifyPostgresToSqlite: pgPart.ran && pgPart.verify !== undefined ? pgPart.verify.reqPerSec.average / m.verifyResult.reqPerSec.average : null,
     startupSqliteMs: m.startupMs,
     startupPostgresMs: pgPart.ran ? pgPart.startupMs : null,
     idleRssSqliteMiB: m.idleRss,
@@ -342,6 +348,11 @@ async function main (): Promise<void> {
   const barePage = await checkList(bareUrl, {}, PAGE_SIZE)
   log(`bare server ready on ${bareUrl} (pid ${bare.proc.pid})`)
 
+  if (settings.only === 'uncached') {
+    await uncachedOnly({ stamp, bare, bareUrl, bareBodyBytes: barePage.bodyBytes, gatehouse, gatehouseBase, key, pgProfArgs: profArgs('gatehouse-pg') })
+    return
+  }
+
   // The issue's second reference point: a bare route doing the same read with better-sqlite3, the plain way.
   const readPort = await freePort()
   const bareRead = startChild('bare+read', 'bench/bare-server.ts', childEnv({ PORT: String(readPort), BARE_DB: dbPath }), profArgs('bare-read'))
@@ -355,10 +366,11 @@ async function main (): Promise<void> {
   const logBytesBefore = statSync(gatehouse.stdoutPath).size
   const gatehouseResult = await measure('gatehouse', gatehouse, gatehouseUrl, auth, page.bodyBytes)
   const logBytes = statSync(gatehouse.stdoutPath).size - logBytesBefore
+  const uncached = await measureUncached('gatehouse-uncached', 'sqlite', gatehouse, gatehouseBase, key, settings.users, settings)
   const cookie = await sessionCookie(gatehouseBase, key, 'bench.verify')
   const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
   const creates = await measureCreates(gatehouse, gatehouseBase, key)
-  const postgres = await measurePostgres()
+  const postgres = await measurePostgres(profArgs('gatehouse-pg'))
   // More starts on the same file, beside the idle server.
   const startsMs = [firstStartMs, ...await restarts('gatehouse-restart', env, STARTS - 1)]
   const startupMs = median(startsMs)
@@ -366,7 +378,8 @@ async function main (): Promise<void> {
   // 5. Report.
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
   const meets = ratio >= TARGET_RATIO
-  const valid = [bareResult, gatehouseResult, verifyResult, creates.run, ...(postgres.ran ? [postgres.list, postgres.verify] : [])].every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
+  const valid = [bareResult, gatehouseResult, uncached, verifyResult, creates.run, ...(postgres.ran ? [postgres.list!, postgres.uncached, postgres.verify!] : [])]
+    .every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
   const cpuRatio = bareResult.serverCpu !== null && gatehouseResult.serverCpu !== null
     ? bareResult.serverCpu.usPerRequest / gatehouseResult.serverCpu.usPerRequest
     : null
@@ -377,10 +390,14 @@ async function main (): Promise<void> {
 
   const rows = issueRows({ ratio, cpuRatio, startupMs, startsMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
   process.stdout.write(rows.text)
+  const issue20 = issue20PageRows(bareResult, [uncached, ...(postgres.ran ? [postgres.uncached] : [])])
+  process.stdout.write(formatIssue20(issue20))
 
   const report = {
     benchmark: 'list-users',
     issue8: rows.values,
+    issue20,
+    uncached: { sqlite: uncached, postgres: postgres.ran ? postgres.uncached : null },
     verify: verifyResult,
     creates,
     postgres,
@@ -415,6 +432,34 @@ async function main (): Promise<void> {
   await cleanUp()
   if (settings.cpuProfile) log(`CPU profiles in ${cpuProfDir} (open in Chrome DevTools > Performance, or speedscope)`)
   if (!valid) {
+    log('INVALID RUN: non-2xx responses, errors or timeouts under load (see the JSON)')
+    process.exitCode = 1
+  }
+}
+
+/** BENCH_ONLY=uncached: the bare route, then issue 20's uncached page on SQLite and PostgreSQL, and their rows. */
+async function uncachedOnly (m: { stamp: string, bare: Child, bareUrl: string, bareBodyBytes: number, gatehouse: Child, gatehouseBase: string, key: string, pgProfArgs: string[] }): Promise<void> {
+  const bareResult = await measure('bare', m.bare, m.bareUrl, {}, m.bareBodyBytes)
+  // The repeated first page (a cache hit) beside it: what the uncached page costs beyond the rest of the request.
+  const cachedResult = await measure('gatehouse', m.gatehouse, `${m.gatehouseBase}${USERS_PATH}?limit=${PAGE_SIZE}`, { 'x-api-key': m.key }, m.bareBodyBytes)
+  const uncached = await measureUncached('gatehouse-uncached', 'sqlite', m.gatehouse, m.gatehouseBase, m.key, settings.users, settings)
+  await stopChild(m.gatehouse)
+  const postgres = await measurePostgres(m.pgProfArgs)
+  if (!postgres.ran) log(`PostgreSQL part skipped: ${postgres.why}`)
+  const measured = [uncached, ...(postgres.ran ? [postgres.uncached] : [])]
+  const issue20 = issue20PageRows(bareResult, measured)
+  const header = ['target', 'req/s (avg)', 'p99 ms', 'non-2xx', 'server CPU µs/req', 'PostgreSQL CPU µs/req', 'other CPU']
+  const body = [['bare', bareResult] as const, ['gatehouse, repeated page (cache hit, sqlite)', cachedResult] as const, ...measured.map(u => [`gatehouse-uncached (${u.engine})`, u] as const)].map(([name, r]) => [
+    name, fmt(r.reqPerSec.average, 1), fmt(r.latencyMs.p99, 2), String(r.non2xx),
+    r.serverCpu === null ? 'n/a' : fmt(r.serverCpu.usPerRequest, 1),
+    'companionCpu' in r && r.companionCpu != null ? fmt(r.companionCpu.usPerRequest, 1) : '',
+    r.otherCpu === null ? 'n/a' : `${fmt(r.otherCpu.cores * 100)}%`
+  ])
+  process.stdout.write(['', ...formatTable(header, body).lines, ''].join('\n') + '\n')
+  process.stdout.write(formatIssue20(issue20))
+  writeResults('list-users-uncached', m.stamp, { benchmark: 'list-users (BENCH_ONLY=uncached)', issue20, bare: bareResult, cached: cachedResult, uncached: measured, settings, machine: machineInfo(), git: gitInfo() })
+  await cleanUp()
+  if (![bareResult, cachedResult, ...measured].every(r => r.non2xx === 0 && r.errors === 0 && r.timeouts === 0)) {
     log('INVALID RUN: non-2xx responses, errors or timeouts under load (see the JSON)')
     process.exitCode = 1
   }

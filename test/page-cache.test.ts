@@ -67,6 +67,33 @@ for (const dialect of dialects()) {
       })
     }
 
+    it('lists a user exactly as Get User answers, from the stored rendering and, when that is missing, from the columns', async () => {
+      const username = uniqueName('rendered')
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, first_name: 'Quote " and \\ back', groups: ['a', 'b'] } })
+      assert.equal(created.statusCode, 201, created.body)
+      const id = created.json().id as string
+      const listedText = async (): Promise<string> => {
+        const res = await t.app.inject({ url: '/auth/api/users?limit=1&sort=-created_at', headers: auth(t.adminKey) })
+        assert.equal(res.statusCode, 200, res.body)
+        return res.body
+      }
+      const expected = async (): Promise<string> => {
+        const res = await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) })
+        assert.equal(res.statusCode, 200, res.body)
+        return `[${JSON.stringify(res.json())}]`
+      }
+      assert.equal(await listedText(), await expected())
+      const removed = await t.app.db.deleteFrom('user_json').where('user_id', '=', id).executeTakeFirst()
+      assert.equal(removed.numDeletedRows, 1n)
+      assert.equal(await listedText(), await expected())
+      // A change to a listed field writes the rendering again.
+      const patched = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${id}`, headers: { ...auth(t.adminKey), 'content-type': 'application/merge-patch+json' }, payload: { last_name: 'Stored' } })
+      assert.equal(patched.statusCode, 200, patched.body)
+      const stored = await t.app.db.selectFrom('user_json').select('json').where('user_id', '=', id).executeTakeFirst()
+      assert.equal(`[${stored?.json ?? ''}]`, await expected())
+      assert.equal(await listedText(), await expected())
+    })
+
     it('answers filters given in any order with the same page, and different filters with their own', async () => {
       const username = uniqueName('filtered')
       const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, role: 'user', first_name: 'Filtered' } })

@@ -58,7 +58,7 @@ for (const dialect of dialects().slice(0, 1)) {
 }
 
 for (const dialect of dialects()) {
-  describe(`the list page, rendered by SQLite or serialized from PostgreSQL rows (${dialect.name})`, () => {
+  describe(`the list page, rendered by the database from each user's stored JSON (${dialect.name})`, () => {
     const t = useTestApp(dialect)
 
     it('renders every user exactly as Get User does, whatever the text in it', async () => {
@@ -108,6 +108,21 @@ for (const dialect of dialects().filter(d => d.name === 'postgres')) {
     it('keep microseconds PostgreSQL made itself to the millisecond, like Date would', async () => {
       const { rows } = await sql<{ t: string }>`select '2024-02-29 23:59:59.123456+00'::timestamptz as t`.execute(t.app.db)
       assert.equal(rows[0]!.t, '2024-02-29T23:59:59.123Z')
+    })
+
+    it('are listed exactly as Get User shows them, from the stored rendering (migration 0021), for any instant', async () => {
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: `ts${Math.random().toString(36).slice(2, 12)}` } })
+      assert.equal(created.statusCode, 201, created.body)
+      const { id, username } = created.json() as { id: string, username: string }
+      const instant = fc.date({ min: new Date('0001-01-01T00:00:00.000Z'), max: new Date('9999-12-31T23:59:59.999Z'), noInvalidDate: true })
+      await fc.assert(fc.asyncProperty(instant, fc.integer({ min: 0, max: 999 }), async (date, micros) => {
+        // Microseconds too, as PostgreSQL's own now() writes them: both sides must cut them to the millisecond.
+        await sql`update users set last_login_at = ${date.toISOString()}::timestamptz + make_interval(secs => ${micros} / 1000000.0) where id = ${id}`.execute(t.app.db)
+        const listed = await t.app.inject({ url: `/auth/api/users?username=${username}&limit=1`, headers: auth(t.adminKey) })
+        const got = await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) })
+        assert.equal(listed.body, `[${JSON.stringify(got.json())}]`)
+        assert.equal((got.json() as { last_login_at: string }).last_login_at, date.toISOString())
+      }), { numRuns: 60 })
     })
   })
 }

@@ -388,6 +388,13 @@ export interface Database {
   mail_outbox: MailOutboxTable
   groups: GroupsTable
   group_members: GroupMembersTable
+  user_json: UserJsonTable
+}
+
+/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. */
+export interface UserJsonTable {
+  user_id: string
+  json: string
 }
 
 export type Db = Kysely<Database>

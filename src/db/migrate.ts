@@ -20,6 +20,7 @@ import * as m0017 from './migrations/0017_scim_enterprise.ts'
 import * as m0018 from './migrations/0018_group_member_order.ts'
 import * as m0019 from './migrations/0019_users_page_stamp.ts'
 import * as m0020 from './migrations/0020_sign_in_quiet_notify.ts'
+import * as m0021 from './migrations/0021_user_json.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -42,7 +43,8 @@ const migrations: Record<string, Migration> = {
   '0017_scim_enterprise': m0017,
   '0018_group_member_order': m0018,
   '0019_users_page_stamp': m0019,
-  '0020_sign_in_quiet_notify': m0020
+  '0020_sign_in_quiet_notify': m0020,
+  '0021_user_json': m0021
 }
 
 /**

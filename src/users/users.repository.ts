@@ -173,7 +173,7 @@ interface PageShape {
   page: (db: Db, param: (name: string) => any) => ReturnType<typeof pageQuery>
 }
 
-function pageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction']) {
+function pageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction'], fixedLimit: number | undefined) {
   const cmp = direction === 'asc' ? '>' : '<'
   // A group's page walks its memberships in page order (each carries its
   // user's sort keys, migration 0018) and stops once the page is full: at
@@ -190,7 +190,12 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     : db.selectFrom('users') as unknown as SelectQueryBuilder<Database, 'group_members' | 'users', object>
   return from
     .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
-    .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
+    .select([sql.ref<string>('users.id').as('id'), sql.ref<string>(`users.${column}`).as(column)])
+    // The User as stored by migration 0021's triggers; rendered here from the columns should a user have no stored text.
+    // Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce stops at the first value).
+    .select(isPostgres(db)
+      ? sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), gatehouse_user_json(users))`.as('user_json')
+      : sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), ${USER_JSON_SQLITE})`.as('user_json'))
     // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
     // indexes answer the LIKE below directly), then the LIKE decides, so the
     // result is exactly what the scan returned (migration 0016).
@@ -214,10 +219,22 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .orderBy(sql.ref(keyColumn), direction)
     .orderBy(sql.ref(idColumn), direction)
     // One more than the page, to know whether another page follows.
-    .limit(param('limit_plus_one'))
+    .limit(fixedLimit !== undefined ? sql.lit(fixedLimit) : param('limit_plus_one'))
 }
 
+/**
+ * Page sizes written into the statement's text rather than bound. PostgreSQL
+ * plans a named statement once for all values only when that plan looks no
+ * dearer than planning for each, and with `LIMIT $n` it assumes a tenth of the
+ * table: so every page was planned anew, 0.3 ms of its backend's CPU. With the
+ * limit in the text the plan is made once. Measured on one connection, 3,000
+ * uncached pages of 50 (20,000 users, CPU of the backend per page, three
+ * rounds): 377–443 µs bound, 183–207 µs written. Only these sizes, so that
+ * the statements each connection keeps stay few; any other size is bound.
+ */
+const FIXED_LIMITS = new Set([1, 10, 20, 25, 50, 100, 200, 250, 500, 1000])
 function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false, candidateIds?: string[]): PageShape {
+  const fixedLimit = FIXED_LIMITS.has(limit) ? limit + 1 : undefined
   const [column, direction] = SORT_COLUMNS[sort]
   const needle = filter.q?.toLowerCase()
   const has = {
@@ -234,7 +251,7 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
   return {
     column,
     direction,
-    shape: `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}`,
+    shape: `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`,
     values: {
       needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
       phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
@@ -248,21 +265,8 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
       after_id: after?.[1],
       limit_plus_one: limit + 1
     },
-    page: (db, param) => pageQuery(db, param, has, column, direction)
+    page: (db, param) => pageQuery(db, param, has, column, direction, fixedLimit)
   }
-}
-
-export type UserListRow = PublicUserRow & { username_key: string }
-
-/**
- * One keyset page as rows (PostgreSQL): rows strictly after `after` = [sort
- * value, id] in the requested order (the id breaks ties, so every row is seen
- * exactly once), one more than `limit` when another page follows.
- */
-export async function listUserRows (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserListRow[]> {
-  const { shape, values, page } = pageShape(filter, sort, limit, after, false, await trigramCandidateIds(db, filter.q))
-  // A search is planned with its needle, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
-  return await executePrepared(db, `${shape}:rows`, param => page(db, param), values, { serverPrepared: filter.q === undefined }) as UserListRow[]
 }
 
 /**
@@ -313,28 +317,37 @@ async function trigramCandidateIds (db: Db, q: string | undefined): Promise<stri
   return rows.length < TRIGRAM_CANDIDATES_MAX ? rows.map(row => row.id) : undefined
 }
 
-/** The column a sort orders by, whose value (with the id) is the keyset position. */
-export function sortColumnOf (sort: Sort): PageShape['column'] {
-  return SORT_COLUMNS[sort][0]
-}
-
 /**
- * The same page already rendered as a JSON array by SQLite, in the User shape
- * (SQLite's JSON functions are C code in this process: building 50 row objects
- * in JS and serializing them again cost four times as much as the whole
- * query). On PostgreSQL the same rendering cost the server about 1.1 ms of CPU
- * a page, against 0.05 ms for the rows: there the rows are read and serialized
- * here (users.service.ts), which on a shared machine is several times cheaper.
- * One row more than the page is read, to know whether another page follows;
+ * One keyset page, already rendered as a JSON array in the User shape, and the
+ * keyset position after it: users strictly after `after` = [sort value, id] in
+ * the requested order (the id breaks ties, so every user is seen exactly once).
+ *
+ * The database concatenates each user's stored rendering (`user_json`,
+ * migration 0021), so no row of the page is decoded or serialized here. Issue
+ * 20, uncached pages of 50 on 100,000 users: on SQLite the query cost 96–133
+ * µs of CPU with each user built by `json_object` on every read and 50–72 µs
+ * with the stored texts (same process, interleaved rounds); on PostgreSQL the
+ * rows (17 columns each) cost the server 330–450 µs to decode, map and
+ * serialize per page, against one text column now (`npm run bench`,
+ * bench/README.md has the in-server figures).
+ *
+ * One user more than the page is read, to know whether another page follows;
  * it is cut from the text below.
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
-  const { column, shape, values, page } = pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
+  const pg = isPostgres(db)
+  const { column, direction, shape, values, page } = pg
+    ? pageShape(filter, sort, limit, after, false, await trigramCandidateIds(db, filter.q))
+    : pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
   // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
   // subquery's order (it runs it as a co-routine and cannot flatten it into
-  // an aggregate).
+  // an aggregate); PostgreSQL is told the order.
+  const joined = pg
+    ? sql<string | null>`'[' || string_agg(p.user_json, ',' order by ${sql.ref(`p.${column}`)} ${sql.raw(direction)}, p.id ${sql.raw(direction)}) || ']'`
+    : sql<string | null>`'[' || group_concat(p.user_json, ',') || ']'`
+  // A search is planned with its needle on PostgreSQL, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
   const [row] = await executePrepared(db, shape, param =>
-    db.selectFrom(page(db, param).as('p')).select([sql<string | null>`json_group_array(${USER_JSON_SQLITE})`.as('json'), sql<number | string>`count(*)`.as('n')]), values)
+    db.selectFrom(page(db, param).as('p')).select([joined.as('json'), sql<number | string>`count(*)`.as('n')]), values, { serverPrepared: filter.q === undefined })
   if (row === undefined) throw new Error('an aggregate query returned no row')
   const json = row.json ?? '[]'
   if (Number(row.n) <= limit) return { json, next: undefined }

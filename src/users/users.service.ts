@@ -1,4 +1,4 @@
-import { isPostgres, toBool, toIso, transactionRetried, type Db } from '../db/database.ts'
+import { toBool, toIso, transactionRetried, type Db } from '../db/database.ts'
 import { AppError, type ErrorCode, type FieldError } from '../errors.ts'
 import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -14,10 +14,8 @@ import {
   findSignInState,
   findTakenKeys,
   findUserById,
-  listUserRows,
   listUsersJson,
   readChangeStamp,
-  sortColumnOf,
   type NewUserRow,
   type UserFilter,
   type UserRow
@@ -180,20 +178,9 @@ export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise
 /** A page of users as a JSON array (rendered by the database), and the cursor of the next page if any. */
 export interface UsersPage { json: string, nextCursor: string | undefined }
 
-/**
- * One page as JSON text, and the keyset position after it when more follow.
- * SQLite renders the page itself (users.repository.ts); on PostgreSQL that
- * rendering cost the database server 20 times the CPU of reading the rows, so
- * the rows are read and serialized here, to the same text.
- */
+/** One page as JSON text, and the keyset position after it when more follow (rendered by the database, users.repository.ts). */
 async function pageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<{ json: string, next: [string, string] | undefined }> {
-  if (!isPostgres(db)) return await listUsersJson(db, filter, sort, limit, after)
-  const rows = await listUserRows(db, filter, sort, limit, after)
-  const users = rows.slice(0, limit).map(toUser)
-  const last = users.at(-1)
-  if (rows.length <= limit || last === undefined) return { json: JSON.stringify(users), next: undefined }
-  const column = sortColumnOf(sort)
-  return { json: JSON.stringify(users), next: [column === 'username_key' ? rows[limit - 1]!.username_key : last[column], last.id] }
+  return await listUsersJson(db, filter, sort, limit, after)
 }
 
 /** Rendered pages per database; 4 MiB of JSON at most (a page of 50 is about 16 KiB). */

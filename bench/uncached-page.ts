@@ -1,0 +1,142 @@
+/**
+ * Issue 20, rows 1 and 2: a page of 50 that no cache can answer. Every request
+ * carries a different cursor (the keyset position after a different seeded
+ * user), so the page cache (src/users/page-cache.ts) never holds the page asked
+ * for, and each request reads and renders 50 users from the database. Compared
+ * with the bare Fastify route serving a fixed page (bench/bare-server.ts) by
+ * server CPU time per response, measured in the same run; on PostgreSQL the CPU
+ * of the server's PostgreSQL backends (found by application_name in
+ * pg_stat_activity, read from /proc) is added to the server's.
+ *
+ * Part of `npm run bench` (bench/list-users.ts); `BENCH_ONLY=uncached npm run bench`
+ * runs only these targets and the bare route.
+ */
+import type autocannon from 'autocannon'
+import { loadavg } from 'node:os'
+import pg from 'pg'
+import { encodeCursor } from '../src/lib/paging.ts'
+import { seedRow, USERS_PATH } from './fixtures.ts'
+import { fmt, formatTable, measureLoad, type Child, type LoadCpu, type LoadSummary } from './harness.ts'
+
+export const UNCACHED_PAGE_SIZE = 50
+
+/**
+ * Cursors after seeded users 0 … users − page size − 1, in a scrambled order:
+ * every one is a full page, and no two requests of a run ask for the same page
+ * unless a run sends more requests than there are users (100,000 by default;
+ * the cache holds about 250 pages of 50).
+ */
+export function uncachedPaths (users: number, pageSize = UNCACHED_PAGE_SIZE): string[] {
+  const positions = Math.max(1, users - pageSize - 1)
+  const paths: string[] = []
+  // A stride prime to the count visits every position once, and neighbouring requests land far apart in the table.
+  let stride = 7919
+  while (gcd(stride, positions) !== 1) stride++
+  for (let k = 0, i = 0; k < positions; k++, i = (i + stride) % positions) {
+    const row = seedRow(i)
+    // seedRow's id is a fresh uuid v7 of the same instant: created_at alone fixes the position (one user per second).
+    paths.push(`${USERS_PATH}?limit=${pageSize}&cursor=${encodeCursor('created_at', [row.created_at, row.id])}`)
+  }
+  return paths
+}
+
+function gcd (a: number, b: number): number {
+  return b === 0 ? a : gcd(b, a % b)
+}
+
+/** The application_name the bench gives the server's PostgreSQL connections (PGAPPNAME), to find their backends. */
+export function benchAppName (): string {
+  return `gatehouse-bench-${process.pid}`
+}
+
+/** Pids of the PostgreSQL backends serving connections named `appName`. */
+export function backendPids (url: string, appName: string): () => Promise<number[]> {
+  return async () => {
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    try {
+      const { rows } = await client.query<{ pid: number }>('select pid from pg_stat_activity where application_name = $1', [appName])
+      return rows.map(row => row.pid)
+    } finally {
+      await client.end()
+    }
+  }
+}
+
+export interface UncachedMeasurement extends LoadSummary, LoadCpu {
+  engine: 'sqlite' | 'postgres'
+  distinctPages: number
+  non2xx: number
+  errors: number
+  timeouts: number
+  /** Server CPU µs per response, plus its PostgreSQL backends' on PostgreSQL. */
+  totalUsPerRequest: number | null
+  loadAverage: number[]
+}
+
+/** One uncached target: autocannon with a different cursor on every request, the first checked by hand. */
+export async function measureUncached (
+  name: string, engine: 'sqlite' | 'postgres', child: Child, base: string, key: string, users: number,
+  timing: { warmupS: number, durationS: number, connections: number },
+  companions?: () => Promise<number[]>
+): Promise<UncachedMeasurement> {
+  const paths = uncachedPaths(users)
+  const check = await fetch(`${base}${paths[1]!}`, { headers: { 'x-api-key': key } })
+  const body = await check.json() as Array<{ username: string }>
+  if (check.status !== 200 || !Array.isArray(body) || body.length !== UNCACHED_PAGE_SIZE) throw new Error(`${name}: a cursor page answered ${check.status} with ${Array.isArray(body) ? body.length : typeof body} items`)
+  let next = 0
+  const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu, companionCpu } = await measureLoad(name, child, {
+    url: base,
+    connections: timing.connections,
+    headers: { 'x-api-key': key },
+    requests: [{ method: 'GET', setupRequest: (request: autocannon.Request) => ({ ...request, path: paths[next++ % paths.length]! }) }]
+  }, timing, companions)
+  const totalUsPerRequest = serverCpu === null ? null : serverCpu.usPerRequest + (companionCpu?.usPerRequest ?? 0)
+  return {
+    engine,
+    distinctPages: Math.min(next, paths.length),
+    ...summary,
+    serverCpu,
+    loadGeneratorCpu,
+    otherCpu,
+    companionCpu,
+    non2xx: r.non2xx,
+    errors: r.errors,
+    timeouts: r.timeouts,
+    totalUsPerRequest,
+    loadAverage: loadavg()
+  }
+}
+
+/** One row of issue 20's table as this run measured it. */
+export interface Issue20Row { work: string, measured: string, goal: string, met: boolean | null }
+
+const GOALS = { sqlite: 0.6, postgres: 0.4 }
+
+/** Issue 20's rows 1 and 2 from this run: bare CPU µs/req ÷ gatehouse's (with its PostgreSQL backends). */
+export function issue20PageRows (bare: { serverCpu: LoadCpu['serverCpu'], reqPerSec: { average: number } }, measured: UncachedMeasurement[]): Issue20Row[] {
+  const bareUs = bare.serverCpu?.usPerRequest ?? null
+  return measured.map(m => {
+    const ratio = bareUs !== null && m.totalUsPerRequest !== null ? bareUs / m.totalUsPerRequest : null
+    const goal = GOALS[m.engine]
+    const pgPart = m.engine === 'postgres' && m.companionCpu !== null && m.companionCpu !== undefined
+      ? ` (${fmt(m.serverCpu?.usPerRequest ?? 0)} µs server + ${fmt(m.companionCpu.usPerRequest)} µs in ${m.companionCpu.pids} PostgreSQL backends)`
+      : ''
+    return {
+      work: m.engine === 'sqlite'
+        ? 'page of 50, a different cursor every request (no cache hit), SQLite, ÷ bare Fastify serving a fixed 50-user page (CPU µs/req)'
+        : 'the same on PostgreSQL (gatehouse + its PostgreSQL backends)',
+      measured: ratio === null
+        ? 'n/a'
+        : `${ratio.toFixed(3)}: ${fmt(m.totalUsPerRequest!)} µs${pgPart} vs ${fmt(bareUs!)} µs; ${fmt(m.reqPerSec.average)} vs ${fmt(bare.reqPerSec.average)} req/s ` +
+          `(${(m.reqPerSec.average / bare.reqPerSec.average).toFixed(3)}); load ${m.loadAverage.map(v => v.toFixed(2)).join(' ')}`,
+      goal: `≥ ${goal}`,
+      met: ratio === null ? null : ratio >= goal
+    }
+  })
+}
+
+export function formatIssue20 (rows: Issue20Row[]): string {
+  const table = formatTable(['issue 20 row', 'this run', 'goal', 'met'], rows.map(r => [r.work, r.measured, r.goal, r.met === null ? 'n/a' : r.met ? 'yes' : 'NO']))
+  return ['', 'Issue 20, the uncached page (ratio of CPU time per response, targets measured one after another in this run):', '', ...table.lines, ''].join('\n') + '\n'
+}
