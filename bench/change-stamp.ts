@@ -30,7 +30,6 @@
  * needs the compiled server (dist/server.js) and a run directory made by
  * harness.ts `makeTmpDir`.
  */
-import { readFileSync } from 'node:fs'
 import { loadavg } from 'node:os'
 import { pathToFileURL } from 'node:url'
 import { setTimeout as sleep } from 'node:timers/promises'
@@ -41,10 +40,8 @@ import { migrateToLatest } from '../src/db/migrate.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
 import { dropSchema, postgresReachable, seedPostgres, startTimed } from './issue-rows.ts'
 import {
-  childEnv, cleanUp, envInt, fmt, formatTable, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, runBench, stopChild, type Child
+  childEnv, cleanUp, envInt, fmt, formatTable, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, runBench, readAdminKey, stopChild, type Child, type IssueRow
 } from './harness.ts'
-
-export interface IssueRow { work: string, measured: string, goal: string, met: boolean }
 
 export interface ChangeStampSettings {
   postgresUrl: string
@@ -328,17 +325,6 @@ async function bulkInsert (url: string, count: number, offset: number): Promise<
   } finally {
     await client.end()
   }
-}
-
-/** The one-time admin key gatehouse prints on stdout when the database has no admin. */
-async function readAdminKey (child: Child): Promise<string> {
-  const deadline = Date.now() + 10_000
-  while (Date.now() < deadline) {
-    const match = /\b(gatehouse_[0-9A-Za-z]{43})\b/.exec(readFileSync(child.stdoutPath, 'utf8'))
-    if (match !== null) return match[1]!
-    await sleep(50)
-  }
-  throw new Error('gatehouse did not print an admin API key on stdout')
 }
 
 async function main (): Promise<void> {

@@ -25,6 +25,9 @@ export const NOISY_OTHER_CPU = 0.1
 // ---------------------------------------------------------------- settings
 
 /** A typo in a setting must stop the run, not silently measure something else. */
+/** One row of an issue's table of goals as one run measured it (`npm run bench` prints issue 8's and issue 20's). met null: not measured. */
+export interface IssueRow { work: string, measured: string, goal: string, met: boolean | null }
+
 export function envInt (name: string, fallback: number): number {
   const value = process.env[name]
   if (value === undefined || value === '') return fallback
@@ -395,4 +398,15 @@ export function writeResults (benchmark: string, stamp: string, report: unknown)
   writeFileSync(file, JSON.stringify(report, null, 2) + '\n')
   log(`results written to ${file}`)
   return file
+}
+
+/** The one-time admin key gatehouse prints on stdout when the database has no admin. */
+export async function readAdminKey (child: Child): Promise<string> {
+  const deadline = Date.now() + 10_000
+  while (Date.now() < deadline) {
+    const match = /\b(gatehouse_[0-9A-Za-z]{43})\b/.exec(readFileSync(child.stdoutPath, 'utf8'))
+    if (match !== null) return match[1]!
+    await sleep(50)
+  }
+  throw new Error('gatehouse did not print an admin API key (line containing "gatehouse_…") on stdout')
 }

@@ -7,7 +7,7 @@
  *   npm run bench
  *   BENCH_DURATION=30 BENCH_CONNECTIONS=100 npm run bench
  */
-import { closeSync, fsyncSync, openSync, readFileSync, statSync } from 'node:fs'
+import { closeSync, fsyncSync, openSync, statSync } from 'node:fs'
 import type autocannon from 'autocannon'
 import { availableParallelism } from 'node:os'
 import { join } from 'node:path'
@@ -18,10 +18,11 @@ import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
 import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
+import { formatIssue20Table, measureIssue20Parts } from './issue20.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
-  log, machineInfo, makeTmpDir, measureLoad, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
+  log, machineInfo, makeTmpDir, measureLoad, readAdminKey, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
 } from './harness.ts'
 
 const PAGE_SIZE = 50
@@ -47,17 +48,6 @@ const settings = {
 installCleanUp({ keepTmp: settings.keepTmp })
 
 // ---------------------------------------------------------------- helpers
-
-/** The one-time admin key gatehouse prints on stdout when the database has no admin. */
-async function readAdminKey (child: Child): Promise<string> {
-  const deadline = Date.now() + 10_000
-  while (Date.now() < deadline) {
-    const match = /\b(gatehouse_[0-9A-Za-z]{43})\b/.exec(readFileSync(child.stdoutPath, 'utf8'))
-    if (match !== null) return match[1]!
-    await sleep(50)
-  }
-  throw new Error('gatehouse did not print an admin API key (line containing "gatehouse_…") on stdout')
-}
 
 const USER_KEYS = Object.keys(User.properties).sort().join(',')
 
@@ -428,6 +418,14 @@ async function main (): Promise<void> {
     ...(settings.cpuProfile ? { cpuProfiles: cpuProfDir } : {})
   }
   writeResults('list-users', stamp, report)
+
+  // Issue 20's other rows, each on servers and databases of its own: the list's servers stop first.
+  if (process.env.BENCH_ISSUE20 !== 'off') {
+    await Promise.all([bare, bareRead, gatehouse].map(stopChild))
+    const parts = await measureIssue20Parts(settings.postgresUrl === 'off' ? undefined : settings.postgresUrl)
+    process.stdout.write(formatIssue20Table(issue20, parts))
+    writeResults('issue20', stamp, { benchmark: 'issue20', startedAt: stamp, page: issue20, parts, machine: machineInfo(), git: gitInfo() })
+  }
 
   await cleanUp()
   if (settings.cpuProfile) log(`CPU profiles in ${cpuProfDir} (open in Chrome DevTools > Performance, or speedscope)`)

@@ -30,7 +30,7 @@ import { bootstrap } from '../src/bootstrap.ts'
 import { defaultConfig } from '../src/config.ts'
 import { isPostgres, type Db } from '../src/db/database.ts'
 import type { FastifyTypeBox } from '../src/lib/http.ts'
-import { envInt, fmt, log } from './harness.ts'
+import { envInt, fmt, log, type IssueRow } from './harness.ts'
 import { dropSchema, postgresReachable } from './issue-rows.ts'
 
 export interface SearchSettings {
@@ -316,9 +316,6 @@ async function runEngine (engine: 'sqlite' | 'postgres', s: SearchSettings): Pro
   }
   return out
 }
-
-/** One row of issue 20's table as measured in this run (`npm run bench` prints them with the other issues' rows). */
-export interface IssueRow { work: string, measured: string, goal: string, met: boolean }
 
 /** Runs every engine of BENCH_ENGINES and returns the measured rows, one per request shape and size. */
 export async function runSearchBench (s = searchSettings()): Promise<Row[]> {

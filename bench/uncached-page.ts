@@ -16,7 +16,7 @@ import { loadavg } from 'node:os'
 import pg from 'pg'
 import { encodeCursor } from '../src/lib/paging.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
-import { fmt, formatTable, measureLoad, type Child, type LoadCpu, type LoadSummary } from './harness.ts'
+import { fmt, formatTable, measureLoad, type Child, type IssueRow, type LoadCpu, type LoadSummary } from './harness.ts'
 
 export const UNCACHED_PAGE_SIZE = 50
 
@@ -108,13 +108,10 @@ export async function measureUncached (
   }
 }
 
-/** One row of issue 20's table as this run measured it. */
-export interface Issue20Row { work: string, measured: string, goal: string, met: boolean | null }
-
 const GOALS = { sqlite: 0.6, postgres: 0.4 }
 
 /** Issue 20's rows 1 and 2 from this run: bare CPU µs/req ÷ gatehouse's (with its PostgreSQL backends). */
-export function issue20PageRows (bare: { serverCpu: LoadCpu['serverCpu'], reqPerSec: { average: number } }, measured: UncachedMeasurement[]): Issue20Row[] {
+export function issue20PageRows (bare: { serverCpu: LoadCpu['serverCpu'], reqPerSec: { average: number } }, measured: UncachedMeasurement[]): IssueRow[] {
   const bareUs = bare.serverCpu?.usPerRequest ?? null
   return measured.map(m => {
     const ratio = bareUs !== null && m.totalUsPerRequest !== null ? bareUs / m.totalUsPerRequest : null
@@ -136,7 +133,7 @@ export function issue20PageRows (bare: { serverCpu: LoadCpu['serverCpu'], reqPer
   })
 }
 
-export function formatIssue20 (rows: Issue20Row[]): string {
+export function formatIssue20 (rows: IssueRow[]): string {
   const table = formatTable(['issue 20 row', 'this run', 'goal', 'met'], rows.map(r => [r.work, r.measured, r.goal, r.met === null ? 'n/a' : r.met ? 'yes' : 'NO']))
   return ['', 'Issue 20, the uncached page (ratio of CPU time per response, targets measured one after another in this run):', '', ...table.lines, ''].join('\n') + '\n'
 }

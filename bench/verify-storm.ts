@@ -45,12 +45,9 @@ import { hash } from '@node-rs/argon2'
 import { defaultConfig } from '../src/config.ts'
 import {
   childEnv, cleanUp, cpuSecondsOf, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, log, machineInfo,
-  makeTmpDir, measureLoad, RESULTS_DIR, runBench, startChild, stopChild, writeResults, type Child, type LoadCpu, type LoadSummary
+  makeTmpDir, measureLoad, RESULTS_DIR, runBench, startChild, stopChild, writeResults, type Child, type IssueRow, type LoadCpu, type LoadSummary
 } from './harness.ts'
 import { dropSchema, eventLoopP99Ms, postgresReachable, startTimed } from './issue-rows.ts'
-
-/** One row of issue 20's table, as `npm run bench` prints them. */
-export interface IssueRow { work: string, measured: string, goal: string, met: boolean }
 
 const GOAL_RATIO = 0.9
 const GOAL_P99_MS = 10

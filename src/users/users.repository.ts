@@ -397,15 +397,15 @@ export async function readChangeStamp (db: Db): Promise<string> {
   return `${row.changes}:${row.version}`
 }
 
-/** The User representation, field for field as the User schema orders it (users.schemas.ts). */
+/** The User representation, field for field as the User schema orders it (users.schemas.ts); qualified, since a group's page joins the memberships, which carry created_at, updated_at and username_key too (migration 0018). */
 const USER_JSON_SQLITE = sql<string>`json_object(
-  'id', id, 'username', username, 'email', email, 'first_name', first_name, 'last_name', last_name,
-  'role', role, 'groups', json(groups), 'disabled', json(case when disabled then 'true' else 'false' end),
-  'password_sign_in', json(case when password_sign_in then 'true' else 'false' end),
-  'email_verified', json(case when email_verified then 'true' else 'false' end),
-  'invitation_pending', json(case when invitation_pending then 'true' else 'false' end),
-  'created_at', created_at, 'updated_at', updated_at, 'last_login_at', last_login_at,
-  'password_changed_at', password_changed_at)`
+  'id', users.id, 'username', users.username, 'email', users.email, 'first_name', users.first_name, 'last_name', users.last_name,
+  'role', users.role, 'groups', json(users.groups), 'disabled', json(case when users.disabled then 'true' else 'false' end),
+  'password_sign_in', json(case when users.password_sign_in then 'true' else 'false' end),
+  'email_verified', json(case when users.email_verified then 'true' else 'false' end),
+  'invitation_pending', json(case when users.invitation_pending then 'true' else 'false' end),
+  'created_at', users.created_at, 'updated_at', users.updated_at, 'last_login_at', users.last_login_at,
+  'password_changed_at', users.password_changed_at)`
 
 /** The needle as one FTS5 phrase: every character literal, quotes doubled. */
 function ftsPhrase (value: string): string {
