@@ -194,7 +194,7 @@ export async function completePasswordReset (deps: PasswordResetsDeps, ctx: Requ
   const before = userId !== undefined ? await findUserById(deps.db, userId) : undefined
   if (before === undefined || await eligibility(deps, before) !== undefined) throw tokenInvalid()
   checkPasswordPolicy(newPassword, before.username, passwordPolicyOf(deps.config), '/new_password')
-  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'password_reset')
+  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'password_reset', before.id)
   const hash = await deps.passwords.hash(newPassword)
   const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: before.id }
   const done = await deps.db.transaction().execute(async trx => {

@@ -35,7 +35,7 @@ export async function acceptInvitation (deps: SessionsDeps, ctx: SignInContext, 
   // A name without a pending invitation is one more wrong code: its unit stays taken.
   if (before === undefined || !toBool(before.invitation_pending) || toBool(before.disabled)) throw tokenInvalid()
   checkPasswordPolicy(password, before.username, passwordPolicyOf(deps.config))
-  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'invitation')
+  const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'invitation', before.id)
   const hash = await deps.passwords.hash(password)
   const userCtx = { ...ctx, actorType: 'user' as const, actorId: before.id }
   const accepted = await deps.db.transaction().execute(async trx => {

@@ -51,11 +51,13 @@ async function codeMatches (hasher: PasswordHasher, tokenId: string, stored: str
  * Checks a proof before the transaction that uses it: a link's secret needs
  * no check (its digest is looked up in the transaction); a code is checked
  * against the live token of the account the login names (its username, or
- * for an e-mail confirmation the address the token was sent to).
+ * for an e-mail confirmation the address the token was sent to). A caller
+ * that has already looked that account up (findTokenHolder) passes it as
+ * `holderId`, so the lookup is not made twice.
  */
-export async function checkTokenProof (db: Db, hasher: PasswordHasher, proof: TokenProof, purpose: AccountTokenPurpose, now = new Date()): Promise<CheckedProof> {
+export async function checkTokenProof (db: Db, hasher: PasswordHasher, proof: TokenProof, purpose: AccountTokenPurpose, holderId?: string, now = new Date()): Promise<CheckedProof> {
   if ('token' in proof) return { kind: 'link', token: proof.token }
-  const userId = await findTokenHolder(db, proof.login, purpose, now)
+  const userId = holderId ?? await findTokenHolder(db, proof.login, purpose, now)
   const live = userId !== undefined ? await findLiveCodeToken(db, userId, purpose, now) : undefined
   if (live === undefined) {
     await hasher.verify(await dummyHashOf(hasher), normaliseCode(proof.code))
