@@ -400,11 +400,7 @@ async function trigramFrequencies (db: Db): Promise<Map<string, number>> {
   const now = Date.now()
   const kept = trigramStatistics.get(db)
   if (kept !== undefined && now - kept.readAt < TRIGRAM_STATISTICS_TTL_MS) return await kept.frequencies
-  const frequencies = executePrepared(db, 'users_search_trigram_statistics', () => db.selectNoFrom(
-    sql<{ trigram: string, frequency: number }[]>`(select coalesce(json_agg(json_build_array(t.trigram, t.frequency)), '[]'::json)
-      from pg_stats_ext_exprs s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) as t(trigram, frequency)
-      where s.statistics_schemaname = current_schema() and s.statistics_name = 'users_search_trigrams' and t.trigram is not null)`.as('pairs')), {})
-    .then(([row]) => new Map((row?.pairs ?? []) as unknown as Array<[string, number]>))
+  const frequencies = readTrigramFrequencies(db)
   trigramStatistics.set(db, { readAt: now, frequencies })
   try {
     return await frequencies
@@ -412,6 +408,18 @@ async function trigramFrequencies (db: Db): Promise<Map<string, number>> {
     trigramStatistics.delete(db)
     throw error
   }
+}
+
+async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
+  // The view is PostgreSQL 14's; naming it on an older server would fail the search.
+  const [view] = await executePrepared(db, 'users_search_trigram_statistics_view', () =>
+    db.selectNoFrom(sql<boolean>`to_regclass('pg_catalog.pg_stats_ext_exprs') is not null`.as('present')), {})
+  if (view?.present !== true) return new Map()
+  const [row] = await executePrepared(db, 'users_search_trigram_statistics', () => db.selectNoFrom(
+    sql<{ trigram: string, frequency: number }[]>`(select coalesce(json_agg(json_build_array(t.trigram, t.frequency)), '[]'::json)
+      from pg_stats_ext_exprs s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) as t(trigram, frequency)
+      where s.statistics_schemaname = current_schema() and s.statistics_name = 'users_search_trigrams' and t.trigram is not null)`.as('pairs')), {})
+  return new Map((row?.pairs ?? []) as unknown as Array<[string, number]>)
 }
 
 /**

@@ -20,7 +20,7 @@ import { isPostgres } from '../database.ts'
  * search then asks with the whole needle, as before.
  *
  * Without pg_trgm (migration 0016 could not have it) there is nothing to
- * gather for. SQLite: nothing (FTS5 reads a trigram's list only up to the
+ * gather for; before PostgreSQL 14 there are no statistics on expressions. SQLite: nothing (FTS5 reads a trigram's list only up to the
  * candidates it needs; bench/README.md).
  */
 export async function up (db: Kysely<any>): Promise<void> {
@@ -28,6 +28,9 @@ export async function up (db: Kysely<any>): Promise<void> {
   const trgm = (await sql<{ schema: string }>`
     select n.nspname as schema from pg_extension e join pg_namespace n on n.oid = e.extnamespace where e.extname = 'pg_trgm'`.execute(db)).rows[0]?.schema
   if (trgm === undefined) return
+  // Statistics on an expression came with PostgreSQL 14; before it the search asks with the whole needle, as before.
+  const version = (await sql<{ version: number }>`select current_setting('server_version_num')::int as version`.execute(db)).rows[0]?.version ?? 0
+  if (version < 140000) return
   await sql`create statistics users_search_trigrams on (${sql.id(trgm)}.show_trgm(${SEARCH_TEXT})) from users`.execute(db)
   // Gathered now rather than at autovacuum's next analyze, which a table that changes little may not see for a long time.
   await sql`analyze users`.execute(db)
