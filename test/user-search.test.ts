@@ -152,7 +152,7 @@ for (const dialect of dialects()) {
       }))
       const res = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { atomic: true, users } })
       assert.equal(res.statusCode, 200, res.body.slice(0, 500))
-      await sql`analyze`.execute(t.app.db)
+      await sql`analyze users`.execute(t.app.db)
       const people = new Map<string, Person>()
       for (const order of ['created_at', '-username']) {
         const everyone = await listAll(t, `sort=${order}`, 100)
