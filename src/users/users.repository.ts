@@ -353,7 +353,7 @@ const COMMON_TRIGRAM = 0.05
  * is a substring of the needle, so every user the needle matches holds it:
  * the part only widens the candidates, never loses one.
  */
-export function selectivePart (needle: string, frequencies: ReadonlyMap<string, number>): string | undefined {
+function selectivePart (needle: string, frequencies: ReadonlyMap<string, number>): string | undefined {
   if (frequencies.size === 0) return needle
   const chars = [...needle]
   let best: { start: number, end: number, sum: number } | undefined
