@@ -244,7 +244,9 @@ async function plans (db: Db, engine: string): Promise<void> {
   const explained: Array<[string, string[]]> = []
   if (isPostgres(db)) {
     const rows = async (text: string): Promise<string[]> => (await sql.raw<{ 'QUERY PLAN': string }>(text).execute(db)).rows.map(r => r['QUERY PLAN'])
-    explained.push(['q (pg_trgm), planned with the needle', await rows(`explain select id from users where ${SEARCH_PG} order by created_at, id limit 51`)])
+    // As trigramCandidateIds asks for them: the indexes with the needle's uncommon part (`012345`: `use`, `ser`, `er0` are in every user), then the whole needle.
+    explained.push(['q candidates (pg_trgm, the uncommon part), planned with the needle', await rows(`explain with c as materialized (select id, username_key, email_key, first_name, last_name from users
+      where ${SEARCH_PG.replaceAll('user012345', '012345')}) select id from c where ${SEARCH_PG} limit 2000`)])
     await sql.raw('set plan_cache_mode = force_generic_plan').execute(db)
     try {
       for (const [name, prepare, execute] of [

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import fc from 'fast-check'
+import { sql } from 'kysely'
 import { auth, dialects, useTestApp } from './helpers.ts'
 import type { TestApp } from './helpers.ts'
 
@@ -131,6 +132,39 @@ for (const dialect of dialects()) {
         const positions = found.map(id => everyone.indexOf(id))
         assert.deepEqual(positions, [...positions].sort((a, b) => a - b))
         for (const id of [found[0]!, found[1124]!, found[2249]!]) assert.equal((await page(id)).last_name, 'Ubiquitous')
+      }
+    })
+  })
+}
+
+for (const dialect of dialects()) {
+  describe(`users search by q, once the database knows which trigrams are common (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('finds exactly the users holding a needle whether its trigrams are common, rare or both', async () => {
+      // 300 users whose names share most of their trigrams (`tal`…`ow0` in all of them, `w01` in a third,
+      // `mossley` in nine in ten), so that ANALYZE counts those as common (PostgreSQL, migration 0022):
+      // a needle is then asked of the indexes by its rare part only, or not at all when it has none.
+      const users = Array.from({ length: 300 }, (_, i) => ({
+        username: `Tallow${String(i).padStart(4, '0')}`,
+        email: i % 3 === 0 ? `t${i}@tallow.example` : null,
+        last_name: i % 10 === 0 ? 'Quarrington' : 'Mossley'
+      }))
+      const res = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { atomic: true, users } })
+      assert.equal(res.statusCode, 200, res.body.slice(0, 500))
+      await sql`analyze users`.execute(t.app.db)
+      const people = new Map<string, Person>()
+      for (const order of ['created_at', '-username']) {
+        const everyone = await listAll(t, `sort=${order}`, 100)
+        for (const id of everyone) {
+          if (!people.has(id)) people.set(id, (await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) })).json())
+        }
+        for (const q of ['low0123', 'LOW012', 'tallow01', 'allow02', 'mossley', 'ossle', 'quarrington', 'rington', 'w0299', 'tallow.example', '@tallow', 'ow0', 'zzz', 'low0 12']) {
+          const expected = everyone.filter(id => matches(people.get(id)!, q))
+          const found = await listAll(t, `sort=${order}&q=${encodeURIComponent(q)}`, 7)
+          assert.deepEqual(found, expected, `q=${q} sort=${order}`)
+          assert.ok(q === 'zzz' || q === 'low0 12' || found.length > 0, `q=${q} finds someone`)
+        }
       }
     })
   })

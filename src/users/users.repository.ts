@@ -196,11 +196,11 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     .select(isPostgres(db)
       ? sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), gatehouse_user_json(users))`.as('user_json')
       : sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), ${USER_JSON_SQLITE})`.as('user_json'))
-    // Candidates from the trigram index first (SQLite; PostgreSQL's pg_trgm
-    // indexes answer the LIKE below directly), then the LIKE decides, so the
-    // result is exactly what the scan returned (migration 0016).
+    // SQLite: candidates from the trigram index first, then the LIKE decides,
+    // so the result is exactly what the scan returned (migration 0016).
     .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
-    // PostgreSQL: the few users the trigram indexes found (trigramCandidateIds), by primary key.
+    // PostgreSQL: the few users the trigram indexes found and the whole needle's LIKE kept (trigramCandidateIds), by
+    // primary key; the LIKE below tests them again, which costs a page little and keeps the page exactly the scan's.
     .$if(has.candidates === true, q => q.where(sql<boolean>`users.id = any(${param('candidate_ids')}::uuid[])`))
     .$if(has.q === true, q => q.where(eb => eb.or([
       eb(sql`users.username_key`, 'like', sql`${param('needle')} escape '\\'`),
@@ -293,7 +293,7 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
 /**
  * PostgreSQL: the ids of every user a search matches, when fewer than
  * TRIGRAM_CANDIDATES_MAX do; undefined otherwise (or for a needle too short
- * for a trigram). Read apart from the page, by pg_trgm's indexes, so that the
+ * for a trigram, or one whose trigrams are all common, below). Read apart from the page, by pg_trgm's indexes, so that the
  * page is those users by primary key, sorted. In one query the planner chose
  * by its estimate of the matches (a fixed guess for `LIKE '%…%'`) between
  * those indexes and walking the sort's index with the LIKE as a filter, and
@@ -302,19 +302,124 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * indexes (EXPLAIN ANALYZE, 52 needles, `npm run bench:search`'s seed).
  * Beyond the bound the page is planned as before, which for a needle many
  * users hold walks the sort's index and stops once the page is full.
+ *
+ * The indexes are asked with the needle's selective part only (selectivePart)
+ * and every candidate is then tested with the whole needle. The candidates
+ * are read in a MATERIALIZED step so that the planner cannot pick the whole
+ * needle's LIKEs, which are indexable too, for the index scan.
  */
 async function trigramCandidateIds (db: Db, q: string | undefined): Promise<string[] | undefined> {
   if (q === undefined) return undefined
   const needle = q.toLowerCase()
   if ([...needle].length < 3) return undefined
-  const rows = await executePrepared(db, 'users_search_candidates', param =>
-    db.selectFrom('users').select('id').where(eb => eb.or([
-      eb(sql`username_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`email_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(first_name)`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(last_name)`, 'like', sql`${param('needle')} escape '\\'`)
-    ])).limit(param('max')), { needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
+  const part = selectivePart(needle, await trigramFrequencies(db))
+  // Every trigram of the needle is common: it is held by thousands of users, so the page is planned with it
+  // (walking the sort's index, which stops once the page is full) without reading its candidates first, which
+  // for `q=hopper` (one user in eight) took a sequential read of 16,000 users, 25-37 ms at 1,000,000 users
+  // (EXPLAIN ANALYZE; the page itself 0.7 ms).
+  if (part === undefined) return undefined
+  // The four searched expressions exactly as migration 0016 indexes them.
+  const containing = (pattern: unknown) => sql<boolean>`(username_key like ${pattern} escape '\\' or email_key like ${pattern} escape '\\'
+    or lower(first_name) like ${pattern} escape '\\' or lower(last_name) like ${pattern} escape '\\')`
+  const rows = part === needle
+    ? await executePrepared(db, 'users_search_candidates', param =>
+      db.selectFrom('users').select('id').where(containing(param('needle'))).limit(param('max')),
+    { needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
+    : await executePrepared(db, 'users_search_candidates_part', param =>
+      db.with(wb => wb('c').materialized(), qb => qb.selectFrom('users')
+        .select(['id', 'username_key', 'email_key', 'first_name', 'last_name']).where(containing(param('part'))))
+        .selectFrom('c').select('id').where(containing(param('needle'))).limit(param('max')),
+    { part: `%${escapeLike(part)}%`, needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
   return rows.length < TRIGRAM_CANDIDATES_MAX ? rows.map(row => row.id) : undefined
+}
+
+/**
+ * A trigram at least this share of users hold is left out of what the
+ * indexes are asked. GIN walks each trigram's posting list up to every
+ * candidate of the rarest: at 1,000,000 users, `q=user012345` (`use`, `ser`,
+ * `er0` in every user, `r01` in one in ten) cost 45-50 ms in the two indexes
+ * that hold it, and its part `012345` (trigrams in 0.4% to 1.3% of users)
+ * about 1 ms (EXPLAIN ANALYZE, `npm run bench:search`'s seed).
+ */
+const COMMON_TRIGRAM = 0.05
+
+/**
+ * The part of the needle to ask the trigram indexes with: its longest stretch
+ * of characters whose trigrams are all of word characters (pg_trgm splits
+ * words elsewhere) and none of them common, by the statistics of migration
+ * 0022; the stretch whose trigrams are rarer in sum on a tie. Undefined when
+ * the needle has trigrams of word characters and every one is common. The
+ * whole needle when it has none, or when no statistics are known. Any part
+ * is a substring of the needle, so every user the needle matches holds it:
+ * the part only widens the candidates, never loses one.
+ */
+function selectivePart (needle: string, frequencies: ReadonlyMap<string, number>): string | undefined {
+  if (frequencies.size === 0) return needle
+  const chars = [...needle]
+  let best: { start: number, end: number, sum: number } | undefined
+  let start = -1
+  let sum = 0
+  let common = 0
+  for (let i = 0; i + 3 <= chars.length; i++) {
+    const trigram = chars.slice(i, i + 3)
+    const frequency = frequencies.get(trigram.join('')) ?? 0
+    const words = trigram.every(c => WORD_CHARACTER.test(c))
+    if (words && frequency >= COMMON_TRIGRAM) common += 1
+    if (!words || frequency >= COMMON_TRIGRAM) {
+      start = -1
+      continue
+    }
+    if (start === -1) {
+      start = i
+      sum = 0
+    }
+    sum += frequency
+    const candidate = { start, end: i + 3, sum }
+    if (best === undefined || candidate.end - candidate.start > best.end - best.start ||
+      (candidate.end - candidate.start === best.end - best.start && candidate.sum < best.sum)) best = candidate
+  }
+  if (best !== undefined) return chars.slice(best.start, best.end).join('')
+  return common > 0 ? undefined : needle
+}
+
+const WORD_CHARACTER = /^[\p{L}\p{N}]$/u
+
+/** How long the trigram statistics are used before they are read again: ANALYZE renews them far less often. */
+const TRIGRAM_STATISTICS_TTL_MS = 60_000
+
+const trigramStatistics = new WeakMap<Db, { readAt: number, frequencies: Promise<Map<string, number>> }>()
+
+/**
+ * The share of users holding each common trigram of the searched fields, as
+ * PostgreSQL's last ANALYZE found it (migration 0022's statistics: its most
+ * common elements, about a thousand); empty when there are none (no pg_trgm,
+ * not yet analyzed, or a role that does not own the table and may not see
+ * them). Read once a minute per database handle, not per search.
+ */
+async function trigramFrequencies (db: Db): Promise<Map<string, number>> {
+  const now = Date.now()
+  const kept = trigramStatistics.get(db)
+  if (kept !== undefined && now - kept.readAt < TRIGRAM_STATISTICS_TTL_MS) return await kept.frequencies
+  const frequencies = readTrigramFrequencies(db)
+  trigramStatistics.set(db, { readAt: now, frequencies })
+  try {
+    return await frequencies
+  } catch (error) {
+    trigramStatistics.delete(db)
+    throw error
+  }
+}
+
+async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
+  // The view is PostgreSQL 14's; naming it on an older server would fail the search.
+  const [view] = await executePrepared(db, 'users_search_trigram_statistics_view', () =>
+    db.selectNoFrom(sql<boolean>`to_regclass('pg_catalog.pg_stats_ext_exprs') is not null`.as('present')), {})
+  if (view?.present !== true) return new Map()
+  const [row] = await executePrepared(db, 'users_search_trigram_statistics', () => db.selectNoFrom(
+    sql<{ trigram: string, frequency: number }[]>`(select coalesce(json_agg(json_build_array(t.trigram, t.frequency)), '[]'::json)
+      from pg_stats_ext_exprs s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) as t(trigram, frequency)
+      where s.statistics_schemaname = current_schema() and s.statistics_name = 'users_search_trigrams' and t.trigram is not null)`.as('pairs')), {})
+  return new Map((row?.pairs ?? []) as unknown as Array<[string, number]>)
 }
 
 /**
@@ -336,8 +441,9 @@ async function trigramCandidateIds (db: Db, q: string | undefined): Promise<stri
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   const pg = isPostgres(db)
+  const candidateIds = pg ? await trigramCandidateIds(db, filter.q) : undefined
   const { column, direction, shape, values, page } = pg
-    ? pageShape(filter, sort, limit, after, false, await trigramCandidateIds(db, filter.q))
+    ? pageShape(filter, sort, limit, after, false, candidateIds)
     : pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
   // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
   // subquery's order (it runs it as a co-routine and cannot flatten it into
@@ -345,9 +451,13 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
   const joined = pg
     ? sql<string | null>`'[' || string_agg(p.user_json, ',' order by ${sql.ref(`p.${column}`)} ${sql.raw(direction)}, p.id ${sql.raw(direction)}) || ']'`
     : sql<string | null>`'[' || group_concat(p.user_json, ',') || ']'`
-  // A search is planned with its needle on PostgreSQL, so that pg_trgm's indexes are used when the needle is rare (db/prepared.ts).
+  // A search is planned with its needle on PostgreSQL, so that pg_trgm's indexes are used when the needle is rare
+  // (db/prepared.ts); but not once its candidates are known: `id = any(…)` is a primary key lookup whatever the
+  // values, and planning the page with four trigram indexes in view cost 2.2 ms of the backend every time (EXPLAIN
+  // ANALYZE's planning time, `q=er0012` at 1,000,000 users).
   const [row] = await executePrepared(db, shape, param =>
-    db.selectFrom(page(db, param).as('p')).select([joined.as('json'), sql<number | string>`count(*)`.as('n')]), values, { serverPrepared: filter.q === undefined })
+    db.selectFrom(page(db, param).as('p')).select([joined.as('json'), sql<number | string>`count(*)`.as('n')]), values,
+  { serverPrepared: filter.q === undefined || candidateIds !== undefined })
   if (row === undefined) throw new Error('an aggregate query returned no row')
   const json = row.json ?? '[]'
   if (Number(row.n) <= limit) return { json, next: undefined }
