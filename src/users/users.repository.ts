@@ -353,9 +353,11 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
   if (Number(row.n) <= limit) return { json, next: undefined }
   // Each element starts with this text, and it cannot occur inside one: quotes in strings are escaped.
   const marker = ',{"id":"'
-  const trimmed = json.slice(0, json.lastIndexOf(marker)) + ']'
-  const lastStart = trimmed.lastIndexOf(marker)
-  const last = JSON.parse(trimmed.slice(lastStart === -1 ? 1 : lastStart + marker.indexOf('{'), -1)) as { id: string, username: string, created_at: string, updated_at: string }
+  // Both ends are found in the text as read: searching the cut text instead flattened it, a copy of the whole page.
+  const cut = json.lastIndexOf(marker)
+  const lastStart = json.lastIndexOf(marker, cut - 1)
+  const trimmed = json.slice(0, cut) + ']'
+  const last = JSON.parse(json.slice(lastStart === -1 ? 1 : lastStart + 1, cut)) as { id: string, username: string, created_at: string, updated_at: string }
   const key = column === 'username_key' ? last.username.toLowerCase() : last[column]
   return { json: trimmed, next: [key, last.id] }
 }
