@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto'
+import { hash } from 'node:crypto'
 import {
   DeleteQueryNode, RawNode, UpdateQueryNode, sql,
   type KyselyPlugin, type PluginTransformQueryArgs, type PluginTransformResultArgs, type QueryResult, type RootOperationNode, type UnknownRow
@@ -50,7 +50,8 @@ export class CredentialCache {
 
   /** The key entries are stored under: the secret's digest, so the heap holds no credential longer than a request does. */
   static keyOf (secret: string): string {
-    return createHash('sha256').update(secret).digest('base64')
+    // One-shot: no Hash object per request.
+    return hash('sha256', secret, 'base64')
   }
 
   get (key: string, now = Date.now()): Principal | undefined {

@@ -18,7 +18,7 @@ import { authenticateSession, endUserSession, listUserSessions } from '../sessio
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { GroupIdParams, GroupMemberParams } from '../groups/groups.schemas.ts'
 import { addMembers, createGroup, deleteGroupById, getGroup, listGroupsPage, listMembersPage, removeMember, updateGroupById } from '../groups/groups.service.ts'
-import { findUserById } from '../users/users.repository.ts'
+import { findUserById, pageString, type PageText } from '../users/users.repository.ts'
 import { findProvisioningOf } from '../scim/scim.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
@@ -208,7 +208,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   // -------------------------------------------------------------------------
   // Users
 
-  const usersFrom = (json: string): User[] => JSON.parse(json) as User[]
+  const usersFrom = (json: PageText): User[] => JSON.parse(pageString(json)) as User[]
 
   const isLastAdmin = async (user: User): Promise<boolean> => {
     if (user.role !== 'admin' || user.disabled) return false

@@ -23,10 +23,10 @@ export function decimalNumbersOnly<F> (validate: F): F {
   const checked = function (data: unknown, context?: unknown): unknown {
     const written = snapshot(data)
     const result = inner(data, context)
-    const issues = written === undefined ? [] : nonDecimalNumbers(written, data as Record<string, unknown>)
+    const issues = written === undefined ? undefined : nonDecimalNumbers(written, data as Record<string, unknown>)
     const ajvErrors = result === false && Array.isArray(inner.errors) ? inner.errors as unknown[] : []
-    checked.errors = issues.length > 0 ? [...ajvErrors, ...issues] : inner.errors
-    return issues.length > 0 ? false : result
+    checked.errors = issues !== undefined ? [...ajvErrors, ...issues] : inner.errors
+    return issues !== undefined ? false : result
   } as Validate
   Object.defineProperty(checked, 'schemaEnv', { get: () => inner.schemaEnv })
   return checked as unknown as F
@@ -36,27 +36,35 @@ export function decimalNumbersOnly<F> (validate: F): F {
 function snapshot (data: unknown): Record<string, unknown> | undefined {
   if (typeof data !== 'object' || data === null || Array.isArray(data)) return undefined
   const copy: Record<string, unknown> = {}
-  for (const [name, value] of Object.entries(data)) copy[name] = Array.isArray(value) ? [...value] : value
+  for (const name in data) {
+    if (!Object.hasOwn(data, name)) continue
+    const value = (data as Record<string, unknown>)[name]
+    copy[name] = Array.isArray(value) ? [...value] : value
+  }
   return copy
 }
 
-function nonDecimalNumbers (written: Record<string, unknown>, coerced: Record<string, unknown>): NumberIssue[] {
-  const issues: NumberIssue[] = []
-  for (const [name, before] of Object.entries(written)) {
+/** The coerced numbers not written in plain decimal digits; undefined when there are none (nearly always, so nothing is allocated then). */
+function nonDecimalNumbers (written: Record<string, unknown>, coerced: Record<string, unknown>): NumberIssue[] | undefined {
+  let issues: NumberIssue[] | undefined
+  const check = (text: unknown, value: unknown, pointer: string): void => {
+    if (typeof text !== 'string' || typeof value !== 'number') return
+    if (DECIMAL.test(text) && Number.isFinite(value)) return
+    ;(issues ??= []).push({
+      instancePath: pointer,
+      schemaPath: '#/type',
+      keyword: 'type',
+      params: {},
+      message: 'must be a number in plain decimal digits, such as 100 (not Infinity, 1e3 or 0x10)'
+    })
+  }
+  for (const name in written) {
+    const before = written[name]
     const after = coerced[name]
-    const pairs: Array<[unknown, unknown, string]> = Array.isArray(after)
-      ? after.map((item, i) => [Array.isArray(before) ? before[i] : before, item, `/${i}`])
-      : [[Array.isArray(before) && before.length === 1 ? before[0] : before, after, '']]
-    for (const [text, value, suffix] of pairs) {
-      if (typeof text !== 'string' || typeof value !== 'number') continue
-      if (DECIMAL.test(text) && Number.isFinite(value)) continue
-      issues.push({
-        instancePath: `/${escapePointer(name)}${suffix}`,
-        schemaPath: '#/type',
-        keyword: 'type',
-        params: {},
-        message: 'must be a number in plain decimal digits, such as 100 (not Infinity, 1e3 or 0x10)'
-      })
+    if (Array.isArray(after)) {
+      for (let i = 0; i < after.length; i++) check(Array.isArray(before) ? before[i] : before, after[i], `/${escapePointer(name)}/${i}`)
+    } else if (typeof after === 'number') {
+      check(Array.isArray(before) && before.length === 1 ? before[0] : before, after, `/${escapePointer(name)}`)
     }
   }
   return issues

@@ -6,11 +6,13 @@ const MAX_REPORTED = 20
 
 /** A high surrogate not followed by a low one, or a low one not preceded by a high one. */
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+/** Any surrogate at all: nearly every text has none, and a plain scan says so before the look-around above runs. */
+const ANY_SURROGATE = /[\uD800-\uDFFF]/
 
 /** What no stored text can hold, and how a field error names it. */
 function unstorable (text: string): string | undefined {
   if (text.includes('\u0000')) return 'a NUL byte (U+0000)'
-  if (LONE_SURROGATE.test(text)) return 'a lone UTF-16 surrogate (U+D800 to U+DFFF)'
+  if (ANY_SURROGATE.test(text) && LONE_SURROGATE.test(text)) return 'a lone UTF-16 surrogate (U+D800 to U+DFFF)'
   return undefined
 }
 
@@ -27,19 +29,25 @@ function unstorable (text: string): string | undefined {
  * validation and before any handler (or a streamed answer) starts, gives both
  * databases the same 422 without a rule in every schema.
  */
-export async function rejectNulBytes (request: FastifyRequest): Promise<void> {
-  if (request.is404) return
+export function rejectNulBytes (request: FastifyRequest, _reply: unknown, done: (error?: Error) => void): void {
+  if (request.is404) {
+    done()
+    return
+  }
   const errors: FieldError[] = []
-  for (const [part, value] of [['query', request.query], ['path', request.params], ['body', request.body]] as const) {
-    collectUnstorable(value, part, errors)
-  }
+  collectUnstorable(request.query, 'query', errors)
+  collectUnstorable(request.params, 'path', errors)
+  collectUnstorable(request.body, 'body', errors)
   if (errors.length > 0) {
-    throw new AppError('validation_failed', 422, 'The request contains a NUL byte (U+0000) or a lone UTF-16 surrogate, which no value may contain.', { errors })
+    done(new AppError('validation_failed', 422, 'The request contains a NUL byte (U+0000) or a lone UTF-16 surrogate, which no value may contain.', { errors }))
+    return
   }
+  done()
 }
 
 /** Walks the value without recursion, so no nesting depth can exhaust the stack. */
 function collectUnstorable (root: unknown, part: string, errors: FieldError[]): void {
+  if (root === undefined || root === null) return
   const pending: Array<[unknown, string]> = [[root, '']]
   while (pending.length > 0 && errors.length < MAX_REPORTED) {
     const [value, pointer] = pending.pop()!

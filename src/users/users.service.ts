@@ -15,6 +15,8 @@ import {
   findTakenKeys,
   findUserById,
   listUsersJson,
+  type PageText,
+  type UserPageJson,
   readChangeStamp,
   type NewUserRow,
   type UserFilter,
@@ -176,10 +178,10 @@ export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise
 }
 
 /** A page of users as a JSON array (rendered by the database), and the cursor of the next page if any. */
-export interface UsersPage { json: string, nextCursor: string | undefined }
+export interface UsersPage { json: PageText, nextCursor: string | undefined }
 
 /** One page as JSON text, and the keyset position after it when more follow (rendered by the database, users.repository.ts). */
-async function pageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<{ json: string, next: [string, string] | undefined }> {
+async function pageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   return await listUsersJson(db, filter, sort, limit, after)
 }
 
@@ -193,7 +195,7 @@ const PAGE_CACHE_BYTES = 4 * 1024 * 1024
  * for why that is never staler than a fresh read, on either engine and across
  * instances).
  */
-async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<{ json: string, next: [string, string] | undefined }> {
+async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   let cache = pageCaches.get(db)
   if (cache === undefined) {
     cache = new PageCache(PAGE_CACHE_BYTES)
@@ -223,6 +225,12 @@ export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: 
   return { json: page.json, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
 }
 
+/** The elements of a page's array without its brackets, as text or bytes like the page; undefined for an empty page. */
+function elementsOf (json: PageText): PageText | undefined {
+  if (json.length <= 2) return undefined
+  return typeof json === 'string' ? json.slice(1, -1) : json.subarray(1, -1)
+}
+
 /**
  * Every matching user, as the JSON text of one array, a batch at a time.
  * Batches follow the same keyset as pages, so no database connection or lock
@@ -231,16 +239,17 @@ export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: 
  * database that is down then still gets a 503, not a 200 cut off mid-body
  * (with credentials cached, the database may not be asked before this).
  */
-export async function streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): Promise<AsyncGenerator<string>> {
+export async function streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): Promise<AsyncGenerator<PageText>> {
   const first = await pageJson(deps.db, filter, sort, batchSize, undefined)
   return (async function * () {
     let page = first
     let separator = ''
     yield '['
     for (;;) {
-      const items = page.json.slice(1, -1)
-      if (items !== '') {
-        yield separator + items
+      const items = elementsOf(page.json)
+      if (items !== undefined) {
+        if (separator !== '') yield separator
+        yield items
         separator = ','
       }
       if (page.next === undefined) break

@@ -1,0 +1,115 @@
+/**
+ * Two builds of gatehouse side by side, in interleaved rounds: the uncached
+ * page of 50 (a different cursor on every request, bench/uncached-page.ts)
+ * and the repeated page (a cache hit), on one seeded SQLite file, by server
+ * CPU time per response. On a shared machine single runs minutes apart
+ * differ by more than most changes; rounds that alternate the two builds
+ * (and which goes first) compare them under the same load.
+ *
+ *   cp -r dist /tmp/before && ln -s "$PWD/node_modules" /tmp/before/node_modules   # before changing src/
+ *   npm run build && AB_A=/tmp/before/server.js npx tsx bench/ab-builds.ts
+ *
+ * AB_A, AB_B: the servers (B defaults to dist/server.js). AB_USERS (20000),
+ * AB_ROUNDS (3), AB_WARMUP (2), AB_DURATION (6) seconds, AB_CONNECTIONS (50),
+ * AB_ONLY=uncached|hit, AB_PROF=A|B: a CPU profile of that server in
+ * bench/results/cpu-ab-<name>/.
+ */
+import type autocannon from 'autocannon'
+import { loadavg } from 'node:os'
+import { join } from 'node:path'
+import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
+import { createDb } from '../src/db/database.ts'
+import { migrateToLatest } from '../src/db/migrate.ts'
+import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import { uncachedPaths } from './uncached-page.ts'
+import {
+  childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child
+} from './harness.ts'
+
+const settings = {
+  users: envInt('AB_USERS', 20_000),
+  rounds: envInt('AB_ROUNDS', 3),
+  timing: { warmupS: envInt('AB_WARMUP', 2), durationS: envInt('AB_DURATION', 6) },
+  connections: envInt('AB_CONNECTIONS', 50),
+  only: process.env.AB_ONLY,
+  profile: process.env.AB_PROF
+}
+const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
+const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
+const KINDS = ['uncached', 'hit'] as const
+
+installCleanUp({ keepTmp: false })
+
+function seed (dbPath: string, count: number): void {
+  const sqlite = new SQLite(dbPath)
+  try {
+    sqlite.pragma('journal_mode = WAL')
+    const columns: Array<keyof SeedRow> = [
+      'id', 'username', 'username_key', 'email', 'email_key', 'first_name', 'last_name', 'role', 'groups', 'disabled',
+      'password_hash', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
+    ]
+    const insert = sqlite.prepare(`insert into users (${columns.join(', ')}) values (${columns.map(c => '@' + c).join(', ')})`)
+    sqlite.transaction(() => { for (let i = 0; i < count; i++) insert.run(seedRow(i)) })()
+  } finally {
+    sqlite.close()
+  }
+}
+
+async function main (): Promise<void> {
+  if (BUILDS.A === undefined) throw new Error('AB_A must name the other build\'s server.js (see the header of bench/ab-builds.ts)')
+  const tmp = makeTmpDir('gatehouse-ab-')
+  const dbPath = join(tmp, 'bench.db')
+  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
+  await migrateToLatest(db)
+  await db.destroy()
+  seed(dbPath, settings.users)
+  log(`seeded ${settings.users} users; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+
+  const servers = new Map<'A' | 'B', { child: Child, base: string }>()
+  for (const name of ['A', 'B'] as const) {
+    const port = await freePort()
+    // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
+    const env = childEnv({ HOST, PORT: String(port), DATABASE_URL: `sqlite:${dbPath}`, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
+    const profile = settings.profile === name ? ['--cpu-prof', `--cpu-prof-dir=${join(RESULTS_DIR, `cpu-ab-${name}`)}`] : []
+    const child = startChild(`ab-${name}`, BUILDS[name]!, env, profile)
+    const base = `http://${HOST}:${port}`
+    await waitReady(child, `${base}/auth/healthz`)
+    servers.set(name, { child, base })
+  }
+
+  const paths = uncachedPaths(settings.users)
+  const loadOf = (base: string, kind: typeof KINDS[number]): autocannon.Options & { connections: number } => {
+    let next = 0
+    return kind === 'uncached'
+      ? { url: base, connections: settings.connections, headers: { 'x-api-key': KEY }, requests: [{ method: 'GET', setupRequest: (request: autocannon.Request) => ({ ...request, path: paths[next++ % paths.length]! }) }] }
+      : { url: `${base}${USERS_PATH}?limit=50`, connections: settings.connections, headers: { 'x-api-key': KEY } }
+  }
+  // Untimed: the first server to read the file pays its pages into the OS cache.
+  for (const { child, base } of servers.values()) await measureLoad(`${child.name} preheat`, child, loadOf(base, 'uncached'), { warmupS: 1, durationS: 3 })
+
+  const usPerRequest = new Map<string, number[]>()
+  for (let round = 0; round < settings.rounds; round++) {
+    for (const kind of KINDS) {
+      if (settings.only !== undefined && settings.only !== kind) continue
+      for (const name of round % 2 === 0 ? ['A', 'B'] as const : ['B', 'A'] as const) {
+        const { child, base } = servers.get(name)!
+        const m = await measureLoad(`${name} ${kind}`, child, loadOf(base, kind), settings.timing)
+        if (m.result.non2xx > 0 || m.result.errors > 0 || m.serverCpu === null) throw new Error(`${name} ${kind}: ${m.result.non2xx} non-2xx, ${m.result.errors} errors`)
+        const list = usPerRequest.get(`${name} ${kind}`) ?? []
+        list.push(m.serverCpu.usPerRequest)
+        usPerRequest.set(`${name} ${kind}`, list)
+        log(`round ${round + 1}, ${name} ${kind}: ${m.serverCpu.usPerRequest.toFixed(1)} µs/req, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
+          `other CPU ${(m.otherCpu?.cores ?? 0).toFixed(2)} cores, load ${loadavg().map(v => v.toFixed(2)).join(' ')}`)
+      }
+    }
+  }
+  await cleanUp()
+  for (const kind of KINDS) {
+    const a = usPerRequest.get(`A ${kind}`)
+    const b = usPerRequest.get(`B ${kind}`)
+    if (a === undefined || b === undefined) continue
+    process.stdout.write(`${kind}: A ${a.map(v => v.toFixed(1)).join(', ')} µs/req; B ${b.map(v => v.toFixed(1)).join(', ')}; B/A per round ${a.map((v, i) => (b[i]! / v).toFixed(3)).join(', ')}\n`)
+  }
+}
+
+await runBench(main)
