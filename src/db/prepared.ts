@@ -5,7 +5,13 @@ const SENTINEL = '\u0000gatehouse-param:'
 
 interface Template { sql: string, slots: Array<{ name: string } | { value: unknown }> }
 
-const templates = new WeakMap<Db, Map<string, Template>>()
+/*
+ * Keyed by the dialect's adapter, which a Kysely instance shares with its
+ * transactions and plugin-wrapped copies: keyed by the handle, each
+ * transaction (a new handle) compiled its statements again. The text depends
+ * only on the dialect (the PostgreSQL schema is the connection's search_path).
+ */
+const templates = new WeakMap<object, Map<string, Template>>()
 
 /**
  * Runs a query that is built and compiled once per shape, then only bound.
@@ -16,6 +22,11 @@ const templates = new WeakMap<Db, Map<string, Template>>()
  * `param(name)` placeholders instead of values and must not look inside
  * them; `shape` must name everything that changes the SQL text (which
  * filters are present, the sort order), because queries are cached by it.
+ *
+ * A statement run here skips the plugins' `transformQuery`, so the
+ * credential cache's writes plugin (auth/credential-cache.ts) never sees it:
+ * only reads, inserts and updates of bookkeeping columns may come this way,
+ * never a change that may end or narrow a credential.
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -31,10 +42,11 @@ export async function executePrepared<Row> (
    */
   options: { serverPrepared?: boolean } = {}
 ): Promise<Row[]> {
-  let perDb = templates.get(db)
+  const adapter = db.getExecutor().adapter
+  let perDb = templates.get(adapter)
   if (perDb === undefined) {
     perDb = new Map()
-    templates.set(db, perDb)
+    templates.set(adapter, perDb)
   }
   const key = options.serverPrepared === false ? `${shape}:unnamed` : shape
   let template = perDb.get(key)
