@@ -39,61 +39,70 @@ parentPort.postMessage({ ready: true, niced })
 parentPort.on('message', (task) => {
   try {
     const result = task.op === 'hash' ? argon2.hashSync(task.password, task.options) : argon2.verifySync(task.hash, task.password)
-    parentPort.postMessage({ id: task.id, result })
+    parentPort.postMessage({ result })
   } catch (error) {
-    parentPort.postMessage({ id: task.id, error: error instanceof Error ? error.message : String(error) })
+    parentPort.postMessage({ error: error instanceof Error ? error.message : String(error) })
   }
 })
 `
 
 interface Pending { resolve: (value: string | boolean) => void, reject: (error: Error) => void }
 
-interface HashWorker { worker: Worker, busy: boolean }
+interface HashWorker { worker: Worker, task: Pending | undefined }
 
 /**
  * A fixed set of `size` workers, one task each at a time. The caller bounds
  * the tasks in flight to `size` (PasswordHasher's limit), so a task always
- * finds an idle worker; one that does not would wait for the next to finish.
+ * finds an idle worker; one that does not waits for the next to finish. A
+ * worker that stops (it ran out of memory, say) fails its task and is
+ * replaced, so the slot is not lost.
  */
 export class HashWorkers {
-  readonly #workers: HashWorker[] = []
-  readonly #pending = new Map<number, Pending>()
+  readonly #slots: HashWorker[] = []
   readonly #waiting: Array<() => void> = []
   readonly #ready: Promise<boolean>
-  #nextId = 0
+  readonly #argon2 = createRequire(import.meta.url).resolve('@node-rs/argon2')
+  readonly #nice: number
   #closed = false
 
   constructor (size: number, nice: number) {
-    const argon2 = createRequire(import.meta.url).resolve('@node-rs/argon2')
+    this.#nice = nice
     const readies: Array<Promise<boolean>> = []
-    for (let i = 0; i < size; i++) {
-      const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { argon2, nice }, name: `gatehouse-hash-${i}` })
-      // Idle workers must not keep a process (a test, the CLI) alive.
-      worker.unref()
-      const slot: HashWorker = { worker, busy: false }
-      this.#workers.push(slot)
-      readies.push(new Promise((resolve, reject) => {
-        worker.once('message', (message: { niced: boolean }) => { resolve(message.niced) })
-        worker.once('error', reject)
-      }))
-      worker.on('message', (message: { id?: number, result?: string | boolean, error?: string }) => {
-        if (message.id === undefined) return
-        const pending = this.#pending.get(message.id)
-        this.#pending.delete(message.id)
-        slot.busy = false
-        this.#waiting.shift()?.()
-        if (message.error !== undefined) pending?.reject(new Error(message.error))
-        else pending?.resolve(message.result!)
-      })
-      const fail = (error: Error): void => {
-        for (const [, pending] of this.#pending) pending.reject(error)
-        this.#pending.clear()
-      }
-      worker.on('error', fail)
-      worker.on('exit', () => { fail(new Error('a hash worker stopped')) })
-    }
+    for (let i = 0; i < size; i++) readies.push(this.#spawn(i))
     this.#ready = Promise.all(readies).then(niced => niced.every(Boolean))
     this.#ready.catch(() => {})
+  }
+
+  /** Starts the worker of slot `index`; resolves with whether its thread took the lower priority. */
+  #spawn (index: number): Promise<boolean> {
+    const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { argon2: this.#argon2, nice: this.#nice }, name: `gatehouse-hash-${index}` })
+    // Idle workers must not keep a process (a test, the CLI) alive; #run refs a worker while it hashes.
+    worker.unref()
+    const slot: HashWorker = { worker, task: undefined }
+    this.#slots[index] = slot
+    const ready = new Promise<boolean>((resolve, reject) => {
+      worker.once('message', (message: { niced: boolean }) => { resolve(message.niced) })
+      worker.once('error', reject)
+    })
+    worker.on('message', (message: { ready?: true, result?: string | boolean, error?: string }) => {
+      if (message.ready === true) return
+      const task = slot.task
+      slot.task = undefined
+      worker.unref()
+      this.#waiting.shift()?.()
+      if (message.error !== undefined) task?.reject(new Error(message.error))
+      else task?.resolve(message.result!)
+    })
+    worker.on('error', () => {})
+    worker.on('exit', () => {
+      const task = slot.task
+      slot.task = undefined
+      task?.reject(new Error('a hash worker stopped'))
+      if (this.#closed) return
+      this.#spawn(index).catch(() => {})
+      this.#waiting.shift()?.()
+    })
+    return ready
   }
 
   /** Whether every worker's thread took the lower priority (false off Linux). */
@@ -110,26 +119,21 @@ export class HashWorkers {
   }
 
   async #run (task: Record<string, unknown>): Promise<string | boolean> {
-    let slot = this.#workers.find(w => !w.busy)
+    let slot = this.#slots.find(w => w.task === undefined)
     while (slot === undefined) {
       await new Promise<void>(resolve => this.#waiting.push(resolve))
-      slot = this.#workers.find(w => !w.busy)
+      slot = this.#slots.find(w => w.task === undefined)
     }
     if (this.#closed) throw new Error('the hash workers are closed')
-    slot.busy = true
-    const id = this.#nextId++
-    const done = new Promise<string | boolean>((resolve, reject) => { this.#pending.set(id, { resolve, reject }) })
-    slot.worker.ref()
-    try {
-      slot.worker.postMessage({ id, ...task })
-      return await done
-    } finally {
-      slot.worker.unref()
-    }
+    const chosen = slot
+    const done = new Promise<string | boolean>((resolve, reject) => { chosen.task = { resolve, reject } })
+    chosen.worker.ref()
+    chosen.worker.postMessage(task)
+    return await done
   }
 
   async close (): Promise<void> {
     this.#closed = true
-    await Promise.all(this.#workers.map(async w => await w.worker.terminate()))
+    await Promise.all(this.#slots.map(async w => await w.worker.terminate()))
   }
 }
