@@ -226,6 +226,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   }
 
   const passwords = new PasswordHasher(config)
+  app.addHook('onClose', async () => { await passwords.close() })
   app.decorate('config', config)
   app.decorate('db', db)
   app.decorate('credentials', credentials)

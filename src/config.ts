@@ -41,6 +41,8 @@ export interface Config {
   /** Hashes computed at once; the rest queue, and past `hashQueueLimit` requests get 503. */
   hashConcurrency: number
   hashQueueLimit: number
+  /** 0: hashes on libuv's pool at the event loop's priority; 1 to 19: on worker threads at that nice value (lib/hash-workers.ts). */
+  hashNice: number
   passwordMinLength: number
   passwordMaxLength: number
   /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
@@ -199,6 +201,7 @@ const DEFAULTS: Config = {
   // One core is left to the event loop, which answers every other request while hashes run (bench/README.md, issue 8).
   hashConcurrency: Math.max(1, availableParallelism() - 1),
   hashQueueLimit: 64,
+  hashNice: 0,
   passwordMinLength: 8,
   passwordMaxLength: 256,
   trustProxy: false,
@@ -312,6 +315,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.argon2Parallelism = int('ARGON2_PARALLELISM', c.argon2Parallelism)
   c.hashConcurrency = int('HASH_CONCURRENCY', c.hashConcurrency)
   c.hashQueueLimit = int('HASH_QUEUE_LIMIT', c.hashQueueLimit)
+  c.hashNice = int('HASH_NICE', c.hashNice)
   c.passwordMinLength = int('PASSWORD_MIN_LENGTH', c.passwordMinLength)
   const trustProxy = str('TRUST_PROXY')
   if (trustProxy !== undefined) {
@@ -466,6 +470,7 @@ function validate (c: Config): Config {
   }
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
+  if (c.hashNice < 0 || c.hashNice > 19) throw new ConfigError('HASH_NICE must be 0 (off) to 19')
   if (c.webhookTimeoutMs < 1 || c.webhookPollIntervalMs < 1 || c.webhookRetryBaseMs < 1 || c.webhookConcurrency < 1) {
     throw new ConfigError('WEBHOOK_TIMEOUT_MS, WEBHOOK_POLL_INTERVAL_MS, WEBHOOK_RETRY_BASE_MS and WEBHOOK_CONCURRENCY must be at least 1')
   }

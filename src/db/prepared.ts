@@ -5,7 +5,18 @@ const SENTINEL = '\u0000gatehouse-param:'
 
 interface Template { sql: string, slots: Array<{ name: string } | { value: unknown }> }
 
-const templates = new WeakMap<Db, Map<string, Template>>()
+/*
+ * Keyed by the dialect's adapter, which a Kysely instance shares with its
+ * transactions and plugin-wrapped copies: keyed by the handle, each
+ * transaction (a new handle) compiled its statements again. The text depends
+ * only on the dialect (the PostgreSQL schema is the connection's search_path).
+ * With a password sign-in's statements through here (sessions.repository.ts,
+ * insertEvent, factorCounts), the server's main thread per sign-in went from
+ * 1.73 to 1.36 ms on SQLite and 2.64 to 2.46 ms on PostgreSQL (`npm run
+ * bench:storm`'s "sign-ins alone", BENCH_SERVER interleaved, load 7 to 10;
+ * bench/README.md, "Issue 20: third pass").
+ */
+const templates = new WeakMap<object, Map<string, Template>>()
 
 /**
  * Runs a query that is built and compiled once per shape, then only bound.
@@ -16,6 +27,11 @@ const templates = new WeakMap<Db, Map<string, Template>>()
  * `param(name)` placeholders instead of values and must not look inside
  * them; `shape` must name everything that changes the SQL text (which
  * filters are present, the sort order), because queries are cached by it.
+ *
+ * A statement run here skips the plugins' `transformQuery`, so the
+ * credential cache's writes plugin (auth/credential-cache.ts) never sees it:
+ * only reads, inserts and updates of bookkeeping columns may come this way,
+ * never a change that may end or narrow a credential.
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -31,10 +47,11 @@ export async function executePrepared<Row> (
    */
   options: { serverPrepared?: boolean } = {}
 ): Promise<Row[]> {
-  let perDb = templates.get(db)
+  const adapter = db.getExecutor().adapter
+  let perDb = templates.get(adapter)
   if (perDb === undefined) {
     perDb = new Map()
-    templates.set(db, perDb)
+    templates.set(adapter, perDb)
   }
   const key = options.serverPrepared === false ? `${shape}:unnamed` : shape
   let template = perDb.get(key)

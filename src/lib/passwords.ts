@@ -6,20 +6,24 @@ const ARGON2ID = 2 as NonNullable<Options['algorithm']>
 import pLimit, { type LimitFunction } from 'p-limit'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
+import { HashWorkers } from './hash-workers.ts'
 
 /**
- * argon2id hashing on libuv's thread pool, never on the event loop, with a
- * bound on how many run at once: each hash holds ~19 MiB and a core for ~9 ms,
- * so unbounded concurrency would let a burst of requests exhaust memory and CPU.
+ * argon2id hashing off the event loop, with a bound on how many run at once:
+ * each hash holds ~19 MiB and a core for ~9 ms, so unbounded concurrency would
+ * let a burst of requests exhaust memory and CPU. On libuv's thread pool, or,
+ * with HASH_NICE, on worker threads of lower priority (lib/hash-workers.ts).
  */
 export class PasswordHasher {
   readonly #limit: LimitFunction
   readonly #queueLimit: number
   readonly #options: Options & { memoryCost: number, timeCost: number, parallelism: number }
+  readonly #workers: HashWorkers | undefined
 
-  constructor (config: Pick<Config, 'argon2MemoryKib' | 'argon2TimeCost' | 'argon2Parallelism' | 'hashConcurrency' | 'hashQueueLimit'>) {
+  constructor (config: Pick<Config, 'argon2MemoryKib' | 'argon2TimeCost' | 'argon2Parallelism' | 'hashConcurrency' | 'hashQueueLimit' | 'hashNice'>) {
     this.#limit = pLimit(config.hashConcurrency)
     this.#queueLimit = config.hashQueueLimit
+    this.#workers = config.hashNice > 0 ? new HashWorkers(config.hashConcurrency, config.hashNice) : undefined
     this.#options = {
       algorithm: ARGON2ID,
       memoryCost: config.argon2MemoryKib,
@@ -38,8 +42,17 @@ export class PasswordHasher {
     return this.#limit.concurrency
   }
 
+  /** With HASH_NICE: whether the hashing threads run at that priority (Linux only); undefined without it. */
+  async lowered (): Promise<boolean | undefined> {
+    return await this.#workers?.niced()
+  }
+
+  async close (): Promise<void> {
+    await this.#workers?.close()
+  }
+
   async hash (password: string): Promise<string> {
-    return await this.#run(async () => await hash(password, this.#options))
+    return await this.#run(async () => this.#workers !== undefined ? await this.#workers.hash(password, this.#options) : await hash(password, this.#options))
   }
 
   /**
@@ -51,7 +64,7 @@ export class PasswordHasher {
   async verify (passwordHash: string, password: string): Promise<boolean> {
     return await this.#run(async () => {
       try {
-        if (passwordHash.startsWith('$argon2')) return await verify(passwordHash, password)
+        if (passwordHash.startsWith('$argon2')) return this.#workers !== undefined ? await this.#workers.verify(passwordHash, password) : await verify(passwordHash, password)
         if (passwordHash.startsWith('$2')) {
           // bcrypt reads only the first 72 bytes; a longer password would match on its prefix alone.
           if (!checkImportedHash(passwordHash).ok || Buffer.byteLength(password, 'utf8') > BCRYPT_MAX_BYTES) return false

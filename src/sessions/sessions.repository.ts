@@ -21,8 +21,14 @@ export interface NewSessionRow {
   sign_in_provider: string | null
 }
 
+const SESSION_COLUMNS = [
+  'id', 'user_id', 'digest', 'created_at', 'last_seen_at', 'expires_at', 'ended_at', 'client_ip', 'user_agent', 'mfa', 'sign_in_method', 'sign_in_provider'
+] as const
+
+/** Compiled once (db/prepared.ts), as every statement of a password sign-in's transaction. */
 export async function insertSession (db: Db, row: NewSessionRow): Promise<void> {
-  await db.insertInto('sessions').values(row).execute()
+  await executePrepared(db, 'insert_session', param => db.insertInto('sessions')
+    .values(Object.fromEntries(SESSION_COLUMNS.map(column => [column, param(column)])) as unknown as NewSessionRow), { ...row, mfa: row.mfa ?? false })
 }
 
 /** The session check on every cookie or session-token request: one indexed lookup with the user's state. */
@@ -104,9 +110,9 @@ export async function deleteSessionsEndedBefore (db: Db, before: string): Promis
 
 /** The users a sign-in identifier names: by folded username or folded email. */
 export async function findUsersBySignInKey (db: Db, key: string) {
-  return await db.selectFrom('users').selectAll()
-    .where(eb => eb.or([eb('username_key', '=', key), eb('email_key', '=', key)]))
-    .execute()
+  // Compiled once; sent unnamed on PostgreSQL, where a named `select *` fails once a migration changes the table.
+  return await executePrepared(db, 'users_by_sign_in_key', param => db.selectFrom('users').selectAll()
+    .where(eb => eb.or([eb('username_key', '=', param('key')), eb('email_key', '=', param('key'))])), { key }, { serverPrepared: false })
 }
 
 /**
@@ -132,9 +138,33 @@ export async function lockAccount (db: Db, userId: string, until: string): Promi
 
 /** Remembers that the user signed in from this address, now. */
 export async function recordSignInAddress (db: Db, userId: string, clientIp: string, at: string): Promise<void> {
-  await db.insertInto('sign_in_addresses').values({ user_id: userId, client_ip: clientIp, last_sign_in_at: at })
-    .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: at }))
-    .execute()
+  await executePrepared(db, 'record_sign_in_address', param => db.insertInto('sign_in_addresses')
+    .values({ user_id: param('userId'), client_ip: param('clientIp'), last_sign_in_at: param('at') })
+    .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: param('at') })), { userId, clientIp, at })
+}
+
+const SIGNED_IN_USER_COLUMNS = [
+  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in', 'email_verified', 'invitation_pending',
+  'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
+] as const
+
+/**
+ * A sign-in's bookkeeping on its user (`last_login_at`; the failure count and
+ * lock lifted unless `liftLock` is false; a re-made hash), returning the user
+ * as the answer shows them. Without a new hash only bookkeeping columns change,
+ * which empty no credential cache: compiled once (db/prepared.ts). A new hash
+ * goes through Kysely, so the writes plugin sees it and empties the cache.
+ */
+export async function recordSignInOnUser (db: Db, userId: string, at: string, change: { liftLock: boolean, rehash: string | undefined }) {
+  const lift = change.liftLock ? { failed_logins: 0, locked_until: null } : {}
+  if (change.rehash !== undefined) {
+    return await db.updateTable('users').set({ last_login_at: at, ...lift, password_hash: change.rehash })
+      .where('id', '=', userId).returning(SIGNED_IN_USER_COLUMNS).executeTakeFirstOrThrow()
+  }
+  const [row] = await executePrepared(db, change.liftLock ? 'sign_in_bookkeeping' : 'sign_in_bookkeeping_locked', param => db.updateTable('users')
+    .set({ last_login_at: param('at'), ...lift }).where('id', '=', param('userId')).returning(SIGNED_IN_USER_COLUMNS), { at, userId })
+  if (row === undefined) throw new Error(`no user ${userId} to sign in`)
+  return row
 }
 
 /** Whether the user signed in from this address at or after `since`. */

@@ -13,7 +13,7 @@ import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
 import {
   deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom, insertSession,
-  listLiveSessionsOfUser, markSessionReauthenticated, recordSignInAddress, touchSession
+  listLiveSessionsOfUser, markSessionReauthenticated, recordSignInAddress, recordSignInOnUser, touchSession
 } from './sessions.repository.ts'
 import { MAX_LISTED_SESSIONS, type SessionSummary } from './sessions.schemas.ts'
 import { reserveAttempt, throttleBudgets } from './throttle.ts'
@@ -77,12 +77,7 @@ export async function openSession (
   const expiresAt = new Date(now.getTime() + deps.config.sessionAbsoluteTimeoutMs).toISOString()
   const signedIn = await deps.db.transaction().execute(async trx => {
     await options.within?.(trx)
-    const updated = await trx.updateTable('users')
-      // A known client getting in does not lift a lock that strangers are still running into.
-      .set({ last_login_at: at, ...(locked ? {} : { failed_logins: 0, locked_until: null }), ...(rehash !== undefined ? { password_hash: rehash } : {}) })
-      .where('id', '=', userId)
-      .returning(['id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in', 'email_verified', 'invitation_pending', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
-      .executeTakeFirstOrThrow()
+    const updated = await recordSignInOnUser(trx, userId, at, { liftLock: !locked, rehash })
     await insertSession(trx, {
       id: sessionId,
       user_id: userId,
