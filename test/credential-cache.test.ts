@@ -98,16 +98,57 @@ for (const dialect of dialects()) {
       assert.equal(await status(t.app, '/auth/api/users?limit=1', bearer), 403)
     })
 
+    /**
+     * PostgreSQL: waits until every credential notice sent before now has reached the app. A notice of our own,
+     * sent after them, empties the cache when it arrives; one listening connection gets notices in the order
+     * their transactions committed, so once ours has emptied it, an earlier test's late notice cannot come after.
+     * Returns the generation that notice made. SQLite: nothing is in flight (one in-memory connection).
+     */
+    async function settleNotices (): Promise<number> {
+      if (dialect.name === 'postgres') {
+        const generation = t.app.credentials.generation()
+        const client = new pg.Client({ connectionString: dialect.url })
+        await client.connect()
+        try {
+          await client.query('select pg_notify($1, $2)', ['gatehouse_credentials', t.config.databaseSchema])
+        } finally {
+          await client.end()
+        }
+        await waitFor(() => t.app.credentials.generation() > generation, 'the app hears the marker notice')
+      }
+      return t.app.credentials.generation()
+    }
+
     it('a sign-in leaves the cache full: the gate goes on answering from it during a sign-in storm', async () => {
       const gate = await createUser(t)
       const bearer = await signIn(t.app, gate.username)
-      await waitForAsync(async () => await status(t.app, '/auth/api/verify', bearer) === 200 && cached(t.app) > 0, 'the session is cached after its use')
       const other = await createUser(t)
+      await settleNotices()
+      await waitForAsync(async () => await status(t.app, '/auth/api/verify', bearer) === 200 && cached(t.app) > 0, 'the session is cached after its use')
       const generation = t.app.credentials.generation()
       const size = cached(t.app)
       await signIn(t.app, other.username)
-      assert.equal(t.app.credentials.generation(), generation)
+      assert.equal(t.app.credentials.generation(), generation, 'the sign-in emptied the cache in this process')
       assert.equal(cached(t.app), size)
+      // A notice the sign-in sent would arrive before the marker and empty the cache once more.
+      assert.equal(await settleNotices(), generation + (dialect.name === 'postgres' ? 1 : 0), 'the sign-in sent a credential notice')
+    })
+
+    it('a write that changes no credential row leaves the cache as it is (ending the sessions of a user who has none)', async () => {
+      const user = await createUser(t)
+      await settleNotices()
+      await waitForAsync(async () => await status(t.app, '/auth/api/users?limit=1', auth(t.adminKey)) === 200 && cached(t.app) > 0, 'the admin key is cached after its use')
+      const generation = t.app.credentials.generation()
+      const ended = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/sessions`, headers: auth(t.adminKey) })
+      assert.equal(ended.statusCode, 200, ended.body)
+      assert.equal(ended.json().ended, 0)
+      assert.equal(t.app.credentials.generation(), generation)
+      // The same request once the user has a session ends it, and that empties the cache.
+      const bearer = await signIn(t.app, user.username)
+      const again = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/sessions`, headers: auth(t.adminKey) })
+      assert.equal(again.json().ended, 1)
+      assert.ok(t.app.credentials.generation() > generation, 'ending a session emptied the cache')
+      assert.equal(await status(t.app, '/auth/api/verify', bearer), 401)
     })
 
     if (dialect.name === 'postgres') {

@@ -130,21 +130,31 @@ function mayChangeCredentials (node: RootOperationNode): boolean {
   return RawNode.is(node) && node.sqlFragments.some(f => WRITE_SQL.test(f))
 }
 
+/** Whether a statement's result says it changed no row: its count of affected rows, or an empty RETURNING. */
+function changedNothing (node: RootOperationNode, result: QueryResult<UnknownRow>): boolean {
+  if (result.numAffectedRows !== undefined) return result.numAffectedRows === 0n
+  return (UpdateQueryNode.is(node) || DeleteQueryNode.is(node)) && node.returning !== undefined && result.rows.length === 0
+}
+
 /**
  * Empties the cache after every statement that may change a credential, made
  * in this process, also inside a transaction. A read that refills the cache
  * before the commit is emptied again: on PostgreSQL by the NOTIFY on commit;
  * SQLite has one connection, which the transaction holds until it commits.
+ * A statement that changed no row changes no credential: the hourly purge of
+ * ended sessions, or ending the sessions of a user who has none, leaves the
+ * cache as it was (as PostgreSQL's row triggers send no notice for it).
  */
 export function writesPlugin (cache: CredentialCache): KyselyPlugin {
-  const writes = new WeakSet<object>()
+  const writes = new WeakMap<object, RootOperationNode>()
   return {
     transformQuery (args: PluginTransformQueryArgs): RootOperationNode {
-      if (mayChangeCredentials(args.node)) writes.add(args.queryId)
+      if (mayChangeCredentials(args.node)) writes.set(args.queryId, args.node)
       return args.node
     },
     async transformResult (args: PluginTransformResultArgs): Promise<QueryResult<UnknownRow>> {
-      if (writes.has(args.queryId)) cache.clear()
+      const node = writes.get(args.queryId)
+      if (node !== undefined && !changedNothing(node, args.result)) cache.clear()
       return args.result
     }
   }
