@@ -21,6 +21,7 @@ import * as m0018 from './migrations/0018_group_member_order.ts'
 import * as m0019 from './migrations/0019_users_page_stamp.ts'
 import * as m0020 from './migrations/0020_sign_in_quiet_notify.ts'
 import * as m0021 from './migrations/0021_user_json.ts'
+import * as m0023 from './migrations/0023_user_json_column.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -44,7 +45,8 @@ const migrations: Record<string, Migration> = {
   '0018_group_member_order': m0018,
   '0019_users_page_stamp': m0019,
   '0020_sign_in_quiet_notify': m0020,
-  '0021_user_json': m0021
+  '0021_user_json': m0021,
+  '0023_user_json_column': m0023
 }
 
 /**
