@@ -1,5 +1,5 @@
 import { CompiledQuery, type Compilable } from 'kysely'
-import { isPostgres, PREPARE_MARK, type Db } from './database.ts'
+import { isPostgres, PREPARE_MARK, readDirect, type Db } from './database.ts'
 
 const SENTINEL = '\u0000gatehouse-param:'
 
@@ -16,6 +16,10 @@ const templates = new WeakMap<Db, Map<string, Template>>()
  * `param(name)` placeholders instead of values and must not look inside
  * them; `shape` must name everything that changes the SQL text (which
  * filters are present, the sort order), because queries are cached by it.
+ *
+ * Reads only: on PostgreSQL, outside a transaction, the statement goes to a
+ * pooled connection without Kysely's executor (database.ts `readDirect`),
+ * which skips the plugins that watch writes.
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -53,6 +57,10 @@ export async function executePrepared<Row> (
     if (!(slot.name in values)) throw new Error(`prepared query "${shape}" needs a value for ${slot.name}`)
     return values[slot.name]
   })
+  if (isPostgres(db)) {
+    const rows = await readDirect(db, template.sql, parameters)
+    if (rows !== undefined) return rows as Row[]
+  }
   const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))
   return result.rows
 }
