@@ -391,7 +391,7 @@ export interface Database {
   user_json: UserJsonTable
 }
 
-/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. */
+/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. SQLite only since migration 0023: PostgreSQL keeps it in `users.user_json`. */
 export interface UserJsonTable {
   user_id: string
   json: string
@@ -487,8 +487,9 @@ class DirectReadsDialect extends PostgresDialect {
  *
  * Kysely's path (a query id, the runtime driver, the connection provider, a
  * connection wrapper and each plugin's result hook, each an await) cost
- * about 30 µs of the server's CPU per uncached page of 50; measured in
- * bench/README.md ("Issue 20: the uncached page on PostgreSQL").
+ * the server 9–43 µs of CPU per uncached page of 50 (361, 260, 282 µs
+ * through it against 318, 251, 254 without, three interleaved rounds;
+ * bench/README.md, "Issue 20: the uncached page on PostgreSQL").
  */
 export async function readDirect (db: Kysely<any>, text: string, parameters: readonly unknown[]): Promise<unknown[] | undefined> {
   if (db.isTransaction) return undefined

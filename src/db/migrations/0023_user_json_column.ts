@@ -11,10 +11,12 @@ import { isPostgres } from '../database.ts'
  * looked the text up in `user_json` by primary key: 51 more index descents
  * and heap fetches. With the text in the row the page is the index range and
  * the rows it already fetched. One connection, 3,000 uncached pages of 50 at
- * 20,000 users, backend CPU per page, three rounds: 137–170 µs before,
- * 73–97 µs with the column (bench/README.md, "Issue 20: the uncached page on
- * PostgreSQL"). Writers pay less too: one row written instead of a second
- * table's upsert from an AFTER trigger.
+ * 20,000 users, backend CPU per page, three rounds: 157–170 µs before,
+ * 90–97 µs with the column; through the server, interleaved rounds, the
+ * backends' CPU per page fell from 204–242 to 130–149 µs (bench/README.md,
+ * "Issue 20: the uncached page on PostgreSQL", `npm run bench` with
+ * BENCH_ONLY=uncached). A write now renders into the row it writes instead
+ * of upserting a second table (what writers pay was not measured).
  *
  * Not an index that carries the text (INCLUDE, for index-only pages): a
  * B-tree entry holds at most about 2.7 kB, and a user with many groups
