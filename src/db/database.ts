@@ -391,7 +391,7 @@ export interface Database {
   user_json: UserJsonTable
 }
 
-/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. */
+/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. SQLite only since migration 0023: PostgreSQL keeps it in `users.user_json`. */
 export interface UserJsonTable {
   user_id: string
   json: string
@@ -429,7 +429,7 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
     })
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
-  const pool = async (): Promise<PostgresPool> => {
+  const openPool = async (): Promise<PostgresPool> => {
     const { Pool, types } = loadPg()
     const pool = new Pool({
       // timestamptz as the API's own text: no Date object made and formatted again for every value read.
@@ -453,7 +453,55 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
     pool.on('connect', (client) => { client.on('error', () => {}) })
     return discardingStalled(pool)
   }
-  return new Kysely<Database>({ dialect: new PostgresDialect({ pool }) })
+  const reads: DirectReads = { pool: undefined }
+  const pool = async (): Promise<PostgresPool> => (reads.pool = await openPool())
+  return new Kysely<Database>({ dialect: new DirectReadsDialect({ pool }, reads) })
+}
+
+/** The pool Kysely opened for this database, once it has (Kysely ends it when the database is destroyed). */
+interface DirectReads { pool: PostgresPool | undefined }
+const directReads = new WeakMap<object, DirectReads>()
+
+/** Registers each database's pool under its adapter, which every handle made from it (withPlugin, transactions) shares. */
+class DirectReadsDialect extends PostgresDialect {
+  readonly #reads: DirectReads
+  constructor (config: ConstructorParameters<typeof PostgresDialect>[0], reads: DirectReads) {
+    super(config)
+    this.#reads = reads
+  }
+
+  override createAdapter (): PostgresAdapter {
+    const adapter = super.createAdapter() as PostgresAdapter
+    directReads.set(adapter, this.#reads)
+    return adapter
+  }
+}
+
+/**
+ * Runs a read-only statement on a pooled PostgreSQL connection without
+ * Kysely's executor; undefined when that cannot be done (SQLite, a handle
+ * inside a transaction, whose statements must use its connection, or a pool
+ * Kysely has not opened yet). Kysely's plugins are not run: they act on
+ * writes only (the credential cache, mail policy), and db/prepared.ts sends
+ * only SELECTs here.
+ *
+ * Kysely's path (a query id, the runtime driver, the connection provider, a
+ * connection wrapper and each plugin's result hook, each an await) cost
+ * the server 9–43 µs of CPU per uncached page of 50 (361, 260, 282 µs
+ * through it against 318, 251, 254 without, three interleaved rounds;
+ * bench/README.md, "Issue 20: the uncached page on PostgreSQL").
+ */
+export async function readDirect (db: Kysely<any>, text: string, parameters: readonly unknown[]): Promise<unknown[] | undefined> {
+  if (db.isTransaction) return undefined
+  const pool = directReads.get(db.getExecutor().adapter)?.pool
+  if (pool === undefined) return undefined
+  const connection = await pool.connect()
+  try {
+    const result = await connection.query(text, parameters)
+    return result.rows
+  } finally {
+    connection.release()
+  }
 }
 
 /**

@@ -22,6 +22,7 @@ import * as m0019 from './migrations/0019_users_page_stamp.ts'
 import * as m0020 from './migrations/0020_sign_in_quiet_notify.ts'
 import * as m0021 from './migrations/0021_user_json.ts'
 import * as m0022 from './migrations/0022_user_search_trigram_statistics.ts'
+import * as m0023 from './migrations/0023_user_json_column.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -46,7 +47,8 @@ const migrations: Record<string, Migration> = {
   '0019_users_page_stamp': m0019,
   '0020_sign_in_quiet_notify': m0020,
   '0021_user_json': m0021,
-  '0022_user_search_trigram_statistics': m0022
+  '0022_user_search_trigram_statistics': m0022,
+  '0023_user_json_column': m0023
 }
 
 /**

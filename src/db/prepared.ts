@@ -1,5 +1,5 @@
 import { CompiledQuery, type Compilable } from 'kysely'
-import { isPostgres, PREPARE_MARK, type Db } from './database.ts'
+import { isPostgres, PREPARE_MARK, readDirect, type Db } from './database.ts'
 
 const SENTINEL = '\u0000gatehouse-param:'
 
@@ -31,7 +31,9 @@ const templates = new WeakMap<object, Map<string, Template>>()
  * A statement run here skips the plugins' `transformQuery`, so the
  * credential cache's writes plugin (auth/credential-cache.ts) never sees it:
  * only reads, inserts and updates of bookkeeping columns may come this way,
- * never a change that may end or narrow a credential.
+ * never a change that may end or narrow a credential. On PostgreSQL, outside
+ * a transaction, it goes to a pooled connection without Kysely's executor
+ * (database.ts `readDirect`).
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -70,6 +72,10 @@ export async function executePrepared<Row> (
     if (!(slot.name in values)) throw new Error(`prepared query "${shape}" needs a value for ${slot.name}`)
     return values[slot.name]
   })
+  if (isPostgres(db)) {
+    const rows = await readDirect(db, template.sql, parameters)
+    if (rows !== undefined) return rows as Row[]
+  }
   const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))
   return result.rows
 }

@@ -199,10 +199,11 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   return from
     .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
     .select([sql.ref<string>('users.id').as('id'), sql.ref<string>(`users.${column}`).as(column)])
-    // The User as stored by migration 0021's triggers; rendered here from the columns should a user have no stored text.
+    // The User as stored by triggers (on PostgreSQL in the row itself, migration 0023; on SQLite in user_json, 0021);
+    // rendered here from the columns should a user have no stored text.
     // Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce stops at the first value).
     .select(isPostgres(db)
-      ? sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), gatehouse_user_json(users))`.as('user_json')
+      ? sql<string>`coalesce(users.user_json, gatehouse_user_json(users))`.as('user_json')
       : sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), ${USER_JSON_SQLITE})`.as('user_json'))
     // SQLite: candidates from the trigram index first, then the LIKE decides,
     // so the result is exactly what the scan returned (migration 0016).
