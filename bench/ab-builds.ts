@@ -17,10 +17,9 @@
 import type autocannon from 'autocannon'
 import { loadavg } from 'node:os'
 import { join } from 'node:path'
-import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
-import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { uncachedPaths } from './uncached-page.ts'
 import {
   childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child
@@ -40,21 +39,6 @@ const KINDS = ['uncached', 'hit'] as const
 
 installCleanUp({ keepTmp: false })
 
-function seed (dbPath: string, count: number): void {
-  const sqlite = new SQLite(dbPath)
-  try {
-    sqlite.pragma('journal_mode = WAL')
-    const columns: Array<keyof SeedRow> = [
-      'id', 'username', 'username_key', 'email', 'email_key', 'first_name', 'last_name', 'role', 'groups', 'disabled',
-      'password_hash', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
-    ]
-    const insert = sqlite.prepare(`insert into users (${columns.join(', ')}) values (${columns.map(c => '@' + c).join(', ')})`)
-    sqlite.transaction(() => { for (let i = 0; i < count; i++) insert.run(seedRow(i)) })()
-  } finally {
-    sqlite.close()
-  }
-}
-
 async function main (): Promise<void> {
   if (BUILDS.A === undefined) throw new Error('AB_A must name the other build\'s server.js (see the header of bench/ab-builds.ts)')
   const tmp = makeTmpDir('gatehouse-ab-')
@@ -62,7 +46,7 @@ async function main (): Promise<void> {
   const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
   await migrateToLatest(db)
   await db.destroy()
-  seed(dbPath, settings.users)
+  seedSqliteUsers(dbPath, settings.users)
   log(`seeded ${settings.users} users; A = ${BUILDS.A}, B = ${BUILDS.B}`)
 
   const servers = new Map<'A' | 'B', { child: Child, base: string }>()

@@ -1,4 +1,5 @@
 import { v7 } from 'uuid'
+import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 
 /**
  * Seed data shared by the benchmark driver (rows written to SQLite) and the
@@ -57,5 +58,25 @@ export function seedRow (i: number): SeedRow {
     updated_at: at,
     last_login_at: null,
     password_changed_at: null
+  }
+}
+
+/** Writes users 0 to count - 1 (seedRow) into a migrated SQLite file, in one transaction, and checks the count. */
+export function seedSqliteUsers (dbPath: string, count: number): void {
+  const sqlite = new SQLite(dbPath)
+  try {
+    sqlite.pragma('journal_mode = WAL')
+    const columns: Array<keyof SeedRow> = [
+      'id', 'username', 'username_key', 'email', 'email_key', 'first_name', 'last_name', 'role', 'groups', 'disabled',
+      'password_hash', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
+    ]
+    const insert = sqlite.prepare(`insert into users (${columns.join(', ')}) values (${columns.map(c => '@' + c).join(', ')})`)
+    sqlite.transaction(() => {
+      for (let i = 0; i < count; i++) insert.run(seedRow(i))
+    })()
+    const { n } = sqlite.prepare('select count(*) as n from users').get() as { n: number }
+    if (n !== count) throw new Error(`seeded ${n} users, expected ${count}`)
+  } finally {
+    sqlite.close()
   }
 }

@@ -12,11 +12,10 @@ import type autocannon from 'autocannon'
 import { availableParallelism } from 'node:os'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
-import { seedRow, USERS_PATH, type SeedRow } from './fixtures.ts'
+import { seedRow, seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
 import { formatIssue20Table, measureIssue20Parts } from './issue20.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
@@ -90,25 +89,6 @@ async function measure (name: string, child: Child, url: string, headers: Record
     non2xx: r.non2xx,
     errors: r.errors,
     timeouts: r.timeouts
-  }
-}
-
-function seed (dbPath: string, count: number): void {
-  const sqlite = new SQLite(dbPath)
-  try {
-    sqlite.pragma('journal_mode = WAL')
-    const columns: Array<keyof SeedRow> = [
-      'id', 'username', 'username_key', 'email', 'email_key', 'first_name', 'last_name', 'role', 'groups', 'disabled',
-      'password_hash', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
-    ]
-    const insert = sqlite.prepare(`insert into users (${columns.join(', ')}) values (${columns.map(c => '@' + c).join(', ')})`)
-    sqlite.transaction(() => {
-      for (let i = 0; i < count; i++) insert.run(seedRow(i))
-    })()
-    const { n } = sqlite.prepare('select count(*) as n from users').get() as { n: number }
-    if (n !== count) throw new Error(`seeded ${n} users, expected ${count}`)
-  } finally {
-    sqlite.close()
   }
 }
 
@@ -296,7 +276,7 @@ async function main (): Promise<void> {
   await migrateToLatest(db)
   await db.destroy()
   const seedStart = performance.now()
-  seed(dbPath, settings.users)
+  seedSqliteUsers(dbPath, settings.users)
   const seedMs = performance.now() - seedStart
   // The seed's 50 MB go to disk now, not during the timed start that follows.
   const seeded = openSync(dbPath, 'r+')
