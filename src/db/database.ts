@@ -478,12 +478,13 @@ class DirectReadsDialect extends PostgresDialect {
 }
 
 /**
- * Runs a read-only statement on a pooled PostgreSQL connection without
- * Kysely's executor; undefined when that cannot be done (SQLite, a handle
- * inside a transaction, whose statements must use its connection, or a pool
- * Kysely has not opened yet). Kysely's plugins are not run: they act on
- * writes only (the credential cache, mail policy), and db/prepared.ts sends
- * only SELECTs here.
+ * Runs a statement of db/prepared.ts on a pooled PostgreSQL connection
+ * without Kysely's executor; undefined when that cannot be done (SQLite, a
+ * handle inside a transaction, whose statements must use its connection, or
+ * a pool Kysely has not opened yet). Kysely's plugins are not run, which is
+ * why prepared.ts takes only reads, inserts and updates of bookkeeping
+ * columns: nothing the credential cache's writes plugin must see (the mail
+ * policy plugin changes no query; it is only read from the handle).
  *
  * Kysely's path (a query id, the runtime driver, the connection provider, a
  * connection wrapper and each plugin's result hook, each an await) cost
@@ -491,7 +492,7 @@ class DirectReadsDialect extends PostgresDialect {
  * through it against 318, 251, 254 without, three interleaved rounds;
  * bench/README.md, "Issue 20: the uncached page on PostgreSQL").
  */
-export async function readDirect (db: Kysely<any>, text: string, parameters: readonly unknown[]): Promise<unknown[] | undefined> {
+export async function queryDirect (db: Kysely<any>, text: string, parameters: readonly unknown[]): Promise<unknown[] | undefined> {
   if (db.isTransaction) return undefined
   const pool = directReads.get(db.getExecutor().adapter)?.pool
   if (pool === undefined) return undefined

@@ -1,5 +1,5 @@
 import { CompiledQuery, type Compilable } from 'kysely'
-import { isPostgres, PREPARE_MARK, readDirect, type Db } from './database.ts'
+import { isPostgres, PREPARE_MARK, queryDirect, type Db } from './database.ts'
 
 const SENTINEL = '\u0000gatehouse-param:'
 
@@ -33,7 +33,7 @@ const templates = new WeakMap<object, Map<string, Template>>()
  * only reads, inserts and updates of bookkeeping columns may come this way,
  * never a change that may end or narrow a credential. On PostgreSQL, outside
  * a transaction, it goes to a pooled connection without Kysely's executor
- * (database.ts `readDirect`).
+ * (database.ts `queryDirect`).
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -73,7 +73,7 @@ export async function executePrepared<Row> (
     return values[slot.name]
   })
   if (isPostgres(db)) {
-    const rows = await readDirect(db, template.sql, parameters)
+    const rows = await queryDirect(db, template.sql, parameters)
     if (rows !== undefined) return rows as Row[]
   }
   const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))

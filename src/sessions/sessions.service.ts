@@ -77,6 +77,7 @@ export async function openSession (
   const expiresAt = new Date(now.getTime() + deps.config.sessionAbsoluteTimeoutMs).toISOString()
   const signedIn = await deps.db.transaction().execute(async trx => {
     await options.within?.(trx)
+    // A known client getting in does not lift a lock that strangers are still running into.
     const updated = await recordSignInOnUser(trx, userId, at, { liftLock: !locked, rehash })
     await insertSession(trx, {
       id: sessionId,
