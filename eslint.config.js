@@ -1,7 +1,7 @@
 import neostandard from 'neostandard'
 
 export default [
-  ...neostandard({ ts: true, ignores: ['node_modules/**', 'data/**', 'dist/**'] }),
+  ...neostandard({ ts: true, ignores: ['node_modules/**', 'data/**', 'dist/**', 'bench/results/**', 'test/artifacts/**'] }),
   {
     rules: {
       // TypeBox's idiom: a schema and its static type share one name (`User` the schema, `User` the type).
