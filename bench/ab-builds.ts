@@ -13,6 +13,14 @@
  * AB_ROUNDS (3), AB_WARMUP (2), AB_DURATION (6) seconds, AB_CONNECTIONS (50),
  * AB_ONLY=uncached|hit, AB_PROF=A|B: a CPU profile of that server in
  * bench/results/cpu-ab-<name>/.
+ *
+ * AB_PG_URL (e.g. postgres://postgres@127.0.0.1:5432/test): the same on
+ * PostgreSQL instead, both builds on one seeded schema of their own (dropped
+ * at the end), each server's backends found by its own application_name and
+ * their CPU added to the server's (as uncached-page.ts counts them).
+ * AB_PG_URL_A, AB_PG_URL_B: the URL that build's server connects with, when
+ * it is not AB_PG_URL (the same database another way, e.g. its Unix socket:
+ * postgres://postgres@%2Fvar%2Frun%2Fpostgresql/test).
  */
 import type autocannon from 'autocannon'
 import { loadavg } from 'node:os'
@@ -20,7 +28,8 @@ import { join } from 'node:path'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
-import { uncachedPaths } from './uncached-page.ts'
+import { dropSchema, seedPostgres } from './issue-rows.ts'
+import { backendPids, uncachedPaths } from './uncached-page.ts'
 import {
   childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child
 } from './harness.ts'
@@ -31,7 +40,8 @@ const settings = {
   timing: { warmupS: envInt('AB_WARMUP', 2), durationS: envInt('AB_DURATION', 6) },
   connections: envInt('AB_CONNECTIONS', 50),
   only: process.env.AB_ONLY,
-  profile: process.env.AB_PROF
+  profile: process.env.AB_PROF,
+  postgresUrl: process.env.AB_PG_URL
 }
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
@@ -42,23 +52,45 @@ installCleanUp({ keepTmp: false })
 async function main (): Promise<void> {
   if (BUILDS.A === undefined) throw new Error('AB_A must name the other build\'s server.js (see the header of bench/ab-builds.ts)')
   const tmp = makeTmpDir('gatehouse-ab-')
-  const dbPath = join(tmp, 'bench.db')
-  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-  await migrateToLatest(db)
-  await db.destroy()
-  seedSqliteUsers(dbPath, settings.users)
-  log(`seeded ${settings.users} users; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+  const pgUrl = settings.postgresUrl
+  const schema = `gatehouse_ab_${process.pid}`
+  let database: Record<string, string>
+  if (pgUrl !== undefined) {
+    await dropSchema(pgUrl, schema)
+    const db = createDb({ databaseUrl: pgUrl, databaseSchema: schema, databasePoolSize: 1, databaseStatementTimeoutMs: 60_000, databaseQueryTimeoutMs: 61_000, databaseAcquireTimeoutMs: 5000 })
+    await migrateToLatest(db, schema)
+    await db.destroy()
+    await seedPostgres(pgUrl, schema, settings.users)
+    database = { DATABASE_URL: pgUrl, DATABASE_SCHEMA: schema }
+  } else {
+    const dbPath = join(tmp, 'bench.db')
+    const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
+    await migrateToLatest(db)
+    await db.destroy()
+    seedSqliteUsers(dbPath, settings.users)
+    database = { DATABASE_URL: `sqlite:${dbPath}` }
+  }
+  log(`seeded ${settings.users} users${pgUrl !== undefined ? ` into PostgreSQL schema ${schema}` : ''}; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+  try {
+    await compare(database, pgUrl)
+  } finally {
+    if (pgUrl !== undefined) await dropSchema(pgUrl, schema)
+  }
+}
 
-  const servers = new Map<'A' | 'B', { child: Child, base: string }>()
+async function compare (database: Record<string, string>, pgUrl: string | undefined): Promise<void> {
+  const servers = new Map<'A' | 'B', { child: Child, base: string, backends: (() => Promise<number[]>) | undefined }>()
   for (const name of ['A', 'B'] as const) {
     const port = await freePort()
+    const appName = `gatehouse-ab-${process.pid}-${name}`
     // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
-    const env = childEnv({ HOST, PORT: String(port), DATABASE_URL: `sqlite:${dbPath}`, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
+    const url: Record<string, string> = pgUrl !== undefined ? { DATABASE_URL: process.env[`AB_PG_URL_${name}`] ?? pgUrl } : {}
+    const env = childEnv({ HOST, PORT: String(port), ...database, ...url, PGAPPNAME: appName, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
     const profile = settings.profile === name ? ['--cpu-prof', `--cpu-prof-dir=${join(RESULTS_DIR, `cpu-ab-${name}`)}`] : []
     const child = startChild(`ab-${name}`, BUILDS[name]!, env, profile)
     const base = `http://${HOST}:${port}`
     await waitReady(child, `${base}/auth/healthz`)
-    servers.set(name, { child, base })
+    servers.set(name, { child, base, backends: pgUrl !== undefined ? backendPids(pgUrl, appName) : undefined })
   }
 
   const paths = uncachedPaths(settings.users)
@@ -70,19 +102,22 @@ async function main (): Promise<void> {
   }
   // Untimed: the first server to read the file pays its pages into the OS cache.
   for (const { child, base } of servers.values()) await measureLoad(`${child.name} preheat`, child, loadOf(base, 'uncached'), { warmupS: 1, durationS: 3 })
+  const backendsToo = pgUrl !== undefined ? ' (server + its PostgreSQL backends)' : ''
 
   const usPerRequest = new Map<string, number[]>()
   for (let round = 0; round < settings.rounds; round++) {
     for (const kind of KINDS) {
       if (settings.only !== undefined && settings.only !== kind) continue
       for (const name of round % 2 === 0 ? ['A', 'B'] as const : ['B', 'A'] as const) {
-        const { child, base } = servers.get(name)!
-        const m = await measureLoad(`${name} ${kind}`, child, loadOf(base, kind), settings.timing)
+        const { child, base, backends } = servers.get(name)!
+        const m = await measureLoad(`${name} ${kind}`, child, loadOf(base, kind), settings.timing, backends)
         if (m.result.non2xx > 0 || m.result.errors > 0 || m.serverCpu === null) throw new Error(`${name} ${kind}: ${m.result.non2xx} non-2xx, ${m.result.errors} errors`)
+        const backendUs = m.companionCpu?.usPerRequest ?? 0
         const list = usPerRequest.get(`${name} ${kind}`) ?? []
-        list.push(m.serverCpu.usPerRequest)
+        list.push(m.serverCpu.usPerRequest + backendUs)
         usPerRequest.set(`${name} ${kind}`, list)
-        log(`round ${round + 1}, ${name} ${kind}: ${m.serverCpu.usPerRequest.toFixed(1)} µs/req, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
+        const split = m.companionCpu != null ? ` (${m.serverCpu.usPerRequest.toFixed(1)} server + ${backendUs.toFixed(1)} in ${m.companionCpu.pids} backends)` : ''
+        log(`round ${round + 1}, ${name} ${kind}: ${(m.serverCpu.usPerRequest + backendUs).toFixed(1)} µs/req${split}, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
           `other CPU ${(m.otherCpu?.cores ?? 0).toFixed(2)} cores, load ${loadavg().map(v => v.toFixed(2)).join(' ')}`)
       }
     }
@@ -92,7 +127,7 @@ async function main (): Promise<void> {
     const a = usPerRequest.get(`A ${kind}`)
     const b = usPerRequest.get(`B ${kind}`)
     if (a === undefined || b === undefined) continue
-    process.stdout.write(`${kind}: A ${a.map(v => v.toFixed(1)).join(', ')} µs/req; B ${b.map(v => v.toFixed(1)).join(', ')}; B/A per round ${a.map((v, i) => (b[i]! / v).toFixed(3)).join(', ')}\n`)
+    process.stdout.write(`${kind}${backendsToo}: A ${a.map(v => v.toFixed(1)).join(', ')} µs/req; B ${b.map(v => v.toFixed(1)).join(', ')}; B/A per round ${a.map((v, i) => (b[i]! / v).toFixed(3)).join(', ')}\n`)
   }
 }
 

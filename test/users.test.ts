@@ -444,4 +444,43 @@ for (const dialect of dialects()) {
       assert.equal(users[0].username, 'bulk00000')
     })
   })
+
+  describe(`listing users beyond ASCII (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+
+    it('sends pages of users with names beyond ASCII byte for byte as Get User answers them, in every sort order and page size', async () => {
+      // Two, three and four bytes in UTF-8 (a surrogate pair in JavaScript): SQLite's pages go out as the database's bytes, PostgreSQL's as text.
+      const names = ['Zoë', 'Ünal ☃', 'Łucja 𝄞', '李 雷', 'Ana 😀']
+      const ids: string[] = []
+      for (const [i, name] of names.entries()) {
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: `utf${i}`, first_name: name, last_name: name, groups: ['utf', name] } })
+        assert.equal(res.statusCode, 201, res.body)
+        ids.push(res.json().id)
+      }
+      const single = new Map<string, Buffer>()
+      for (const id of ids) {
+        const res = await t.app.inject({ url: `/auth/api/users/${id}`, headers: auth(t.adminKey) })
+        assert.equal(res.statusCode, 200, res.body)
+        single.set(id, res.rawPayload)
+      }
+      for (const sort of ['created_at', '-created_at', 'username', '-username', 'updated_at', '-updated_at']) {
+        for (const limit of [1, 2, 50]) {
+          let url: string | undefined = `/auth/api/users?group=utf&sort=${sort}&limit=${limit}`
+          const seen: string[] = []
+          while (url !== undefined) {
+            const res: LightMyRequestResponse = await t.app.inject({ url, headers: auth(t.adminKey) })
+            assert.equal(res.statusCode, 200, res.body)
+            const listed = (res.json() as Array<{ id: string }>).map(user => user.id)
+            const expected = Buffer.concat([Buffer.from('['), ...listed.flatMap((id, k) => [...k > 0 ? [Buffer.from(',')] : [], single.get(id)!]), Buffer.from(']')])
+            assert.deepEqual(res.rawPayload, expected, `${sort}, limit ${limit}`)
+            assert.equal(Number(res.headers['content-length']), expected.length)
+            seen.push(...listed)
+            const link = res.headers.link as string | undefined
+            url = link !== undefined ? /^<([^>]+)>/.exec(link)![1] : undefined
+          }
+          assert.deepEqual([...seen].sort(), [...ids].sort(), `${sort}, limit ${limit}`)
+        }
+      }
+    })
+  })
 }
