@@ -12,7 +12,10 @@
  * AB_A, AB_B: the servers (B defaults to dist/server.js). AB_USERS (20000),
  * AB_ROUNDS (3), AB_WARMUP (2), AB_DURATION (6) seconds, AB_CONNECTIONS (50),
  * AB_ONLY=uncached|hit, AB_PROF=A|B: a CPU profile of that server in
- * bench/results/cpu-ab-<name>/.
+ * bench/results/cpu-ab-<name>/. AB_SEPARATE_FILES=1: each build on a file of
+ * its own, migrated by that build's server as it starts and seeded alike
+ * after, for builds whose migrations differ (one file would carry a
+ * migration the other build does not know, and it would refuse to start).
  */
 import type autocannon from 'autocannon'
 import { loadavg } from 'node:os'
@@ -31,7 +34,8 @@ const settings = {
   timing: { warmupS: envInt('AB_WARMUP', 2), durationS: envInt('AB_DURATION', 6) },
   connections: envInt('AB_CONNECTIONS', 50),
   only: process.env.AB_ONLY,
-  profile: process.env.AB_PROF
+  profile: process.env.AB_PROF,
+  separateFiles: process.env.AB_SEPARATE_FILES === '1'
 }
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
@@ -42,15 +46,18 @@ installCleanUp({ keepTmp: false })
 async function main (): Promise<void> {
   if (BUILDS.A === undefined) throw new Error('AB_A must name the other build\'s server.js (see the header of bench/ab-builds.ts)')
   const tmp = makeTmpDir('gatehouse-ab-')
-  const dbPath = join(tmp, 'bench.db')
-  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-  await migrateToLatest(db)
-  await db.destroy()
-  seedSqliteUsers(dbPath, settings.users)
-  log(`seeded ${settings.users} users; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+  const dbPaths = settings.separateFiles ? { A: join(tmp, 'bench-A.db'), B: join(tmp, 'bench-B.db') } : { A: join(tmp, 'bench.db'), B: join(tmp, 'bench.db') }
+  if (!settings.separateFiles) {
+    const db = createDb({ databaseUrl: `sqlite:${dbPaths.A}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
+    await migrateToLatest(db)
+    await db.destroy()
+    seedSqliteUsers(dbPaths.A, settings.users)
+    log(`seeded ${settings.users} users; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+  }
 
   const servers = new Map<'A' | 'B', { child: Child, base: string }>()
   for (const name of ['A', 'B'] as const) {
+    const dbPath = dbPaths[name]
     const port = await freePort()
     // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
     const env = childEnv({ HOST, PORT: String(port), DATABASE_URL: `sqlite:${dbPath}`, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
@@ -58,6 +65,10 @@ async function main (): Promise<void> {
     const child = startChild(`ab-${name}`, BUILDS[name]!, env, profile)
     const base = `http://${HOST}:${port}`
     await waitReady(child, `${base}/auth/healthz`)
+    if (settings.separateFiles) {
+      seedSqliteUsers(dbPath, settings.users)
+      log(`seeded ${settings.users} users for ${name} = ${BUILDS[name]!}`)
+    }
     servers.set(name, { child, base })
   }
 
