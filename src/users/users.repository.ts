@@ -199,12 +199,13 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   return from
     .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
     .select([sql.ref<string>('users.id').as('id'), sql.ref<string>(`users.${column}`).as(column)])
-    // The User as stored by triggers (on PostgreSQL in the row itself, migration 0023; on SQLite in user_json, 0021);
-    // rendered here from the columns should a user have no stored text.
-    // Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce stops at the first value).
+    // The User as stored by triggers in the row itself (migrations 0023 and 0024; on SQLite the index of the default
+    // order carries it too, so that page reads no users row); rendered here from the columns should a user have no
+    // stored text. Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce
+    // stops at the first value, and seeks the users row only when it reads a column the index lacks).
     .select(isPostgres(db)
       ? sql<string>`coalesce(users.user_json, gatehouse_user_json(users))`.as('user_json')
-      : sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), ${USER_JSON_SQLITE})`.as('user_json'))
+      : sql<string>`coalesce(users.user_json, ${USER_JSON_SQLITE})`.as('user_json'))
     // SQLite: candidates from the trigram index first, then the LIKE decides,
     // so the result is exactly what the scan returned (migration 0016).
     .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
