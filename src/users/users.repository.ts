@@ -437,11 +437,13 @@ async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
  * keyset position after it: users strictly after `after` = [sort value, id] in
  * the requested order (the id breaks ties, so every user is seen exactly once).
  *
- * The database concatenates each user's stored rendering (`user_json`,
- * migration 0021), so no row of the page is decoded or serialized here. Issue
- * 20, uncached pages of 50 on 100,000 users: on SQLite the query cost 96–133
- * µs of CPU with each user built by `json_object` on every read and 50–72 µs
- * with the stored texts (same process, interleaved rounds); on PostgreSQL the
+ * The database concatenates each user's stored rendering (`users.user_json`,
+ * migrations 0021, 0023 and 0024), so no row of the page is decoded or
+ * serialized here. Issue 20, uncached pages of 50 on 100,000 users: on SQLite
+ * the query cost 96–133 µs of CPU with each user built by `json_object` on
+ * every read and 50–72 µs with the stored texts (same process, interleaved
+ * rounds); since 0024 the default order's page is one range of the index
+ * that carries the text (39–44 µs against 61–67 at 20,000 users); on PostgreSQL the
  * rows (17 columns each) cost the server 330–450 µs to decode, map and
  * serialize per page, against one text column now (`npm run bench`,
  * bench/README.md has the in-server figures).
