@@ -443,7 +443,7 @@ async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
  * the query cost 96–133 µs of CPU with each user built by `json_object` on
  * every read and 50–72 µs with the stored texts (same process, interleaved
  * rounds); since 0024 the default order's page is one range of the index
- * that carries the text (39–44 µs against 61–67 at 20,000 users); on PostgreSQL the
+ * that carries the text (39–44 µs against 58–68 at 20,000 users); on PostgreSQL the
  * rows (17 columns each) cost the server 330–450 µs to decode, map and
  * serialize per page, against one text column now (`npm run bench`,
  * bench/README.md has the in-server figures).

@@ -17,7 +17,7 @@ import { isPostgres } from '../database.ts'
  * they reach through their index by rowid. 5,000 uncached pages of 50 at
  * 20,000 users, CPU of the process per page, three interleaved rounds
  * (bench/README.md, "Issue 20: the uncached SQLite page, fourth pass"):
- * 61–67 µs before, 39–44 µs with the index carrying the text, 47–54 µs with
+ * 58–68 µs before, 39–44 µs with the index carrying the text, 47–54 µs with
  * the text in the row but not in the index.
  *
  * Writers pay: a write of a listed field updates the users row a second time
