@@ -21,6 +21,10 @@
  * AB_PG_URL_A, AB_PG_URL_B: the URL that build's server connects with, when
  * it is not AB_PG_URL (the same database another way, e.g. its Unix socket:
  * postgres://postgres@%2Fvar%2Frun%2Fpostgresql/test).
+ * AB_SEPARATE_FILES=1 (SQLite): each build on a file of its own, migrated by
+ * that build's server as it starts and seeded alike after, for builds whose
+ * migrations differ (one file would carry a migration the other build does
+ * not know, and it would refuse to start).
  */
 import type autocannon from 'autocannon'
 import { loadavg } from 'node:os'
@@ -41,7 +45,8 @@ const settings = {
   connections: envInt('AB_CONNECTIONS', 50),
   only: process.env.AB_ONLY,
   profile: process.env.AB_PROF,
-  postgresUrl: process.env.AB_PG_URL
+  postgresUrl: process.env.AB_PG_URL,
+  separateFiles: process.env.AB_SEPARATE_FILES === '1'
 }
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
@@ -54,23 +59,32 @@ async function main (): Promise<void> {
   const tmp = makeTmpDir('gatehouse-ab-')
   const pgUrl = settings.postgresUrl
   const schema = `gatehouse_ab_${process.pid}`
-  let database: Record<string, string>
+  // Per build: its database settings, and the SQLite file to seed once its own server has migrated it (AB_SEPARATE_FILES).
+  let database: Record<'A' | 'B', { env: Record<string, string>, seedAfterStart?: string }>
   if (pgUrl !== undefined) {
     await dropSchema(pgUrl, schema)
     const db = createDb({ databaseUrl: pgUrl, databaseSchema: schema, databasePoolSize: 1, databaseStatementTimeoutMs: 60_000, databaseQueryTimeoutMs: 61_000, databaseAcquireTimeoutMs: 5000 })
     await migrateToLatest(db, schema)
     await db.destroy()
     await seedPostgres(pgUrl, schema, settings.users)
-    database = { DATABASE_URL: pgUrl, DATABASE_SCHEMA: schema }
+    const env = { DATABASE_URL: pgUrl, DATABASE_SCHEMA: schema }
+    database = { A: { env }, B: { env } }
+  } else if (settings.separateFiles) {
+    const fileOf = (name: 'A' | 'B'): string => join(tmp, `bench-${name}.db`)
+    database = {
+      A: { env: { DATABASE_URL: `sqlite:${fileOf('A')}` }, seedAfterStart: fileOf('A') },
+      B: { env: { DATABASE_URL: `sqlite:${fileOf('B')}` }, seedAfterStart: fileOf('B') }
+    }
   } else {
     const dbPath = join(tmp, 'bench.db')
     const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
     await migrateToLatest(db)
     await db.destroy()
     seedSqliteUsers(dbPath, settings.users)
-    database = { DATABASE_URL: `sqlite:${dbPath}` }
+    const env = { DATABASE_URL: `sqlite:${dbPath}` }
+    database = { A: { env }, B: { env } }
   }
-  log(`seeded ${settings.users} users${pgUrl !== undefined ? ` into PostgreSQL schema ${schema}` : ''}; A = ${BUILDS.A}, B = ${BUILDS.B}`)
+  if (!settings.separateFiles || pgUrl !== undefined) log(`seeded ${settings.users} users${pgUrl !== undefined ? ` into PostgreSQL schema ${schema}` : ''}; A = ${BUILDS.A}, B = ${BUILDS.B}`)
   try {
     await compare(database, pgUrl)
   } finally {
@@ -78,18 +92,23 @@ async function main (): Promise<void> {
   }
 }
 
-async function compare (database: Record<string, string>, pgUrl: string | undefined): Promise<void> {
+async function compare (database: Record<'A' | 'B', { env: Record<string, string>, seedAfterStart?: string }>, pgUrl: string | undefined): Promise<void> {
   const servers = new Map<'A' | 'B', { child: Child, base: string, backends: (() => Promise<number[]>) | undefined }>()
   for (const name of ['A', 'B'] as const) {
     const port = await freePort()
     const appName = `gatehouse-ab-${process.pid}-${name}`
     // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
     const url: Record<string, string> = pgUrl !== undefined ? { DATABASE_URL: process.env[`AB_PG_URL_${name}`] ?? pgUrl } : {}
-    const env = childEnv({ HOST, PORT: String(port), ...database, ...url, PGAPPNAME: appName, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
+    const env = childEnv({ HOST, PORT: String(port), ...database[name].env, ...url, PGAPPNAME: appName, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
     const profile = settings.profile === name ? ['--cpu-prof', `--cpu-prof-dir=${join(RESULTS_DIR, `cpu-ab-${name}`)}`] : []
     const child = startChild(`ab-${name}`, BUILDS[name]!, env, profile)
     const base = `http://${HOST}:${port}`
     await waitReady(child, `${base}/auth/healthz`)
+    const seedFile = database[name].seedAfterStart
+    if (seedFile !== undefined) {
+      seedSqliteUsers(seedFile, settings.users)
+      log(`seeded ${settings.users} users for ${name} = ${BUILDS[name]!}`)
+    }
     servers.set(name, { child, base, backends: pgUrl !== undefined ? backendPids(pgUrl, appName) : undefined })
   }
 

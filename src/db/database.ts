@@ -388,13 +388,6 @@ export interface Database {
   mail_outbox: MailOutboxTable
   groups: GroupsTable
   group_members: GroupMembersTable
-  user_json: UserJsonTable
-}
-
-/** Each user's User representation as JSON text, kept by triggers (migration 0021); read by the users list. SQLite only since migration 0023: PostgreSQL keeps it in `users.user_json`. */
-export interface UserJsonTable {
-  user_id: string
-  json: string
 }
 
 export type Db = Kysely<Database>

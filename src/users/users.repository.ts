@@ -199,12 +199,13 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   return from
     .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
     .select([sql.ref<string>('users.id').as('id'), sql.ref<string>(`users.${column}`).as(column)])
-    // The User as stored by triggers (on PostgreSQL in the row itself, migration 0023; on SQLite in user_json, 0021);
-    // rendered here from the columns should a user have no stored text.
-    // Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce stops at the first value).
+    // The User as stored by triggers in the row itself (migrations 0023 and 0024; on SQLite the index of the default
+    // order carries it too, so that page reads no users row); rendered here from the columns should a user have no
+    // stored text. Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce
+    // stops at the first value, and seeks the users row only when it reads a column the index lacks).
     .select(isPostgres(db)
       ? sql<string>`coalesce(users.user_json, gatehouse_user_json(users))`.as('user_json')
-      : sql<string>`coalesce((select user_json.json from user_json where user_json.user_id = users.id), ${USER_JSON_SQLITE})`.as('user_json'))
+      : sql<string>`coalesce(users.user_json, ${USER_JSON_SQLITE})`.as('user_json'))
     // SQLite: candidates from the trigram index first, then the LIKE decides,
     // so the result is exactly what the scan returned (migration 0016).
     .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
@@ -436,11 +437,13 @@ async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
  * keyset position after it: users strictly after `after` = [sort value, id] in
  * the requested order (the id breaks ties, so every user is seen exactly once).
  *
- * The database concatenates each user's stored rendering (`user_json`,
- * migration 0021), so no row of the page is decoded or serialized here. Issue
- * 20, uncached pages of 50 on 100,000 users: on SQLite the query cost 96–133
- * µs of CPU with each user built by `json_object` on every read and 50–72 µs
- * with the stored texts (same process, interleaved rounds); on PostgreSQL the
+ * The database concatenates each user's stored rendering (`users.user_json`,
+ * migrations 0021, 0023 and 0024), so no row of the page is decoded or
+ * serialized here. Issue 20, uncached pages of 50 on 100,000 users: on SQLite
+ * the query cost 96–133 µs of CPU with each user built by `json_object` on
+ * every read and 50–72 µs with the stored texts (same process, interleaved
+ * rounds); since 0024 the default order's page is one range of the index
+ * that carries the text (39–44 µs against 58–68 at 20,000 users); on PostgreSQL the
  * rows (17 columns each) cost the server 330–450 µs to decode, map and
  * serialize per page, against one text column now (`npm run bench`,
  * bench/README.md has the in-server figures).
