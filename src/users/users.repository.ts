@@ -320,7 +320,10 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * those users by primary key, sorted: a second round trip, 1,000 uuids each
  * way, and 1,000 index descents and fetches of rows some 600 bytes wide
  * (3,078 buffers for `q=er0012`, against 266 for the bitmap scan and 204 for
- * the page's 51 rows now).
+ * the page's 51 rows now). Single requests of `q=er0012` at 1,000,000 users,
+ * the two builds alternating on one seeded schema, 200 each: p50 12.5 ms
+ * before, 8.9 ms after (load 3.9; at load 10, 24.3 and 17.0 ms); the other
+ * shapes unchanged (bench/README.md, "Issue 20: PostgreSQL q=, fourth pass").
  */
 async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson | undefined> {
   if (filter.q === undefined) return undefined
