@@ -209,9 +209,6 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
     // SQLite: candidates from the trigram index first, then the LIKE decides,
     // so the result is exactly what the scan returned (migration 0016).
     .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
-    // PostgreSQL: the few users the trigram indexes found and the whole needle's LIKE kept (trigramCandidateIds), by
-    // primary key; the LIKE below tests them again, which costs a page little and keeps the page exactly the scan's.
-    .$if(has.candidates === true, q => q.where(sql<boolean>`users.id = any(${param('candidate_ids')}::uuid[])`))
     .$if(has.q === true, q => q.where(eb => eb.or([
       eb(sql`users.username_key`, 'like', sql`${param('needle')} escape '\\'`),
       eb(sql`users.email_key`, 'like', sql`${param('needle')} escape '\\'`),
@@ -243,14 +240,13 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
  * the statements each connection keeps stay few; any other size is bound.
  */
 const FIXED_LIMITS = new Set([1, 10, 20, 25, 50, 100, 200, 250, 500, 1000])
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false, candidateIds?: string[]): PageShape {
+function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
   const fixedLimit = FIXED_LIMITS.has(limit) ? limit + 1 : undefined
   const [column, direction] = SORT_COLUMNS[sort]
   const needle = filter.q?.toLowerCase()
   const has = {
     q: needle !== undefined,
     trigrams,
-    candidates: candidateIds !== undefined,
     username: filter.username !== undefined,
     email: filter.email !== undefined,
     role: filter.role !== undefined,
@@ -265,7 +261,6 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
     values: {
       needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
       phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
-      candidate_ids: candidateIds,
       username_key: filter.username?.toLowerCase(),
       email_key: filter.email?.toLowerCase(),
       role: filter.role,
@@ -281,7 +276,7 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
 
 /**
  * Up to this many users matching a search, a page is read from the trigram
- * index's candidates (migration 0016; on PostgreSQL see trigramCandidateIds), sorted; beyond, by walking the
+ * index's candidates (migration 0016; on PostgreSQL see searchPagePostgres), sorted; beyond, by walking the
  * sort's index and testing each user, which stops after the page is full:
  * at 1,000,000 users, the candidates of a name one user in eight holds took
  * 716 ms p99 to sort, against a few ms to walk.
@@ -301,26 +296,39 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
 }
 
 /**
- * PostgreSQL: the ids of every user a search matches, when fewer than
- * TRIGRAM_CANDIDATES_MAX do; undefined otherwise (or for a needle too short
- * for a trigram, or one whose trigrams are all common, below). Read apart from the page, by pg_trgm's indexes, so that the
- * page is those users by primary key, sorted. In one query the planner chose
- * by its estimate of the matches (a fixed guess for `LIKE '%…%'`) between
- * those indexes and walking the sort's index with the LIKE as a filter, and
- * for a needle 1,000 users hold, clustered late in the order (`er0999`), it
- * walked: 0.7 to 3 s at 1,000,000 users, against 8 to 15 ms through the
- * indexes (EXPLAIN ANALYZE, 52 needles, `npm run bench:search`'s seed).
- * Beyond the bound the page is planned as before, which for a needle many
- * users hold walks the sort's index and stops once the page is full.
+ * PostgreSQL: a page of a search in one statement, when fewer than
+ * TRIGRAM_CANDIDATES_MAX users match it; undefined otherwise (or for a needle
+ * too short for a trigram, or one whose trigrams are all common, below), and
+ * the page is then planned with the needle as any other (listUsersJson).
  *
- * The indexes are asked with the needle's selective part only (selectivePart)
- * and every candidate is then tested with the whole needle. The candidates
- * are read in a MATERIALIZED step so that the planner cannot pick the whole
- * needle's LIKEs, which are indexable too, for the index scan.
+ * The candidates come from pg_trgm's indexes, asked with the needle's
+ * selective part only (selectivePart): a bitmap heap scan, which visits the
+ * users' rows in heap order and keeps of each only its id, the sort's key and
+ * the fields the filters test (step `c`). The whole needle's LIKE and the
+ * other filters keep the matches (step `m`, at most TRIGRAM_CANDIDATES_MAX of
+ * them); those are sorted by the key they carry, and only the page's users
+ * are read again, by primary key, for their stored JSON. Both steps are
+ * MATERIALIZED, so that the planner can neither pick the whole needle's
+ * LIKEs, which are indexable too, for the scan, nor walk the sort's index
+ * with the LIKE as a filter: by its estimate of the matches (a fixed guess for
+ * `LIKE '%…%'`) it once chose that walk for a needle 1,000 users hold,
+ * clustered late in the order (`er0999`), 0.7 to 3 s at 1,000,000 users
+ * against 8 to 15 ms through the indexes (EXPLAIN ANALYZE, 52 needles, `npm
+ * run bench:search`'s seed). `m` counts the matches after the cursor, so a
+ * page past the first of a needle thousands hold may come this way too.
+ *
+ * Before, the matches' ids went back to the server and then the page was
+ * those users by primary key, sorted: a second round trip, 1,000 uuids each
+ * way, and 1,000 index descents and fetches of rows some 600 bytes wide
+ * (3,078 buffers for `q=er0012`, against 266 for the bitmap scan and 204 for
+ * the page's 51 rows now). Single requests of `q=er0012` at 1,000,000 users,
+ * the two builds alternating on one seeded schema, 200 each: p50 12.5 ms
+ * before, 8.9 ms after (load 3.9; at load 10, 24.3 and 17.0 ms); the other
+ * shapes unchanged (bench/README.md, "Issue 20: PostgreSQL q=, fourth pass").
  */
-async function trigramCandidateIds (db: Db, q: string | undefined): Promise<string[] | undefined> {
-  if (q === undefined) return undefined
-  const needle = q.toLowerCase()
+async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson | undefined> {
+  if (filter.q === undefined) return undefined
+  const needle = filter.q.toLowerCase()
   if ([...needle].length < 3) return undefined
   const part = selectivePart(needle, await trigramFrequencies(db))
   // Every trigram of the needle is common: it is held by thousands of users, so the page is planned with it
@@ -328,19 +336,66 @@ async function trigramCandidateIds (db: Db, q: string | undefined): Promise<stri
   // for `q=hopper` (one user in eight) took a sequential read of 16,000 users, 25-37 ms at 1,000,000 users
   // (EXPLAIN ANALYZE; the page itself 0.7 ms).
   if (part === undefined) return undefined
+  const fixedLimit = FIXED_LIMITS.has(limit) ? limit + 1 : undefined
+  const [column, direction] = SORT_COLUMNS[sort]
+  const has = {
+    username: filter.username !== undefined,
+    email: filter.email !== undefined,
+    role: filter.role !== undefined,
+    disabled: filter.disabled !== undefined,
+    group: filter.group !== undefined,
+    after: after !== undefined
+  }
+  const shape = `users_search_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`
+  const [row] = await executePrepared(db, shape, param => searchPageQuery(db, param, has, column, direction, fixedLimit), {
+    part: `%${escapeLike(part)}%`,
+    needle: `%${escapeLike(needle)}%`,
+    max: TRIGRAM_CANDIDATES_MAX,
+    username_key: filter.username?.toLowerCase(),
+    email_key: filter.email?.toLowerCase(),
+    role: filter.role,
+    disabled: filter.disabled,
+    group: filter.group,
+    after_key: after?.[0],
+    after_id: after?.[1],
+    limit_plus_one: limit + 1
+  }, { serverPrepared: false })
+  if (row === undefined) throw new Error('an aggregate query returned no row')
+  if (Number(row.matches) >= TRIGRAM_CANDIDATES_MAX) return undefined
+  return cutPage(row.json ?? '[]', Number(row.n), limit, column)
+}
+
+function searchPageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction'], fixedLimit: number | undefined) {
+  const cmp = direction === 'asc' ? '>' : '<'
   // The four searched expressions exactly as migration 0016 indexes them.
   const containing = (pattern: unknown) => sql<boolean>`(username_key like ${pattern} escape '\\' or email_key like ${pattern} escape '\\'
     or lower(first_name) like ${pattern} escape '\\' or lower(last_name) like ${pattern} escape '\\')`
-  const rows = part === needle
-    ? await executePrepared(db, 'users_search_candidates', param =>
-      db.selectFrom('users').select('id').where(containing(param('needle'))).limit(param('max')),
-    { needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
-    : await executePrepared(db, 'users_search_candidates_part', param =>
-      db.with(wb => wb('c').materialized(), qb => qb.selectFrom('users')
-        .select(['id', 'username_key', 'email_key', 'first_name', 'last_name']).where(containing(param('part'))))
-        .selectFrom('c').select('id').where(containing(param('needle'))).limit(param('max')),
-    { part: `%${escapeLike(part)}%`, needle: `%${escapeLike(needle)}%`, max: TRIGRAM_CANDIDATES_MAX }, { serverPrepared: false })
-  return rows.length < TRIGRAM_CANDIDATES_MAX ? rows.map(row => row.id) : undefined
+  return db
+    .with(wb => wb('c').materialized(), qb => qb.selectFrom('users')
+      .select(['id', 'username_key', 'email_key', 'first_name', 'last_name', 'role', 'disabled', sql.ref<string>(column).as('sort_key')])
+      .where(containing(param('part'))))
+    .with(wb => wb('m').materialized(), qb => qb.selectFrom('c').select(['id', 'sort_key'])
+      .where(containing(param('needle')))
+      .$if(has.username === true, q => q.where('username_key', '=', param('username_key')))
+      .$if(has.email === true, q => q.where('email_key', '=', param('email_key')))
+      .$if(has.role === true, q => q.where('role', '=', param('role')))
+      .$if(has.disabled === true, q => q.where('disabled', '=', param('disabled')))
+      // A member's keys in group_members are copies of the user's (migration 0018, by trigger), so ordering a
+      // group's matches by the user's own key is the order of a group's page.
+      .$if(has.group === true, q => q.where(sql<boolean>`exists (select 1 from group_members where group_members.user_id = c.id
+        and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')}))`))
+      .$if(has.after === true, q => q.where(sql<boolean>`(c.sort_key, c.id) ${sql.raw(cmp)} (${param('after_key')}, ${param('after_id')})`))
+      .limit(param('max')))
+    .selectFrom(qb => qb.selectFrom('m').select(['id', 'sort_key'])
+      .orderBy('sort_key', direction).orderBy('id', direction)
+      // One more than the page, to know whether another page follows.
+      .limit(fixedLimit !== undefined ? sql.lit(fixedLimit) : param('limit_plus_one')).as('k'))
+    .innerJoin('users', 'users.id', 'k.id')
+    .select([
+      sql<number | string>`(select count(*) from m)`.as('matches'),
+      sql<string | null>`'[' || string_agg(coalesce(users.user_json, gatehouse_user_json(users)), ',' order by k.sort_key ${sql.raw(direction)}, k.id ${sql.raw(direction)}) || ']'`.as('json'),
+      sql<number | string>`count(*)`.as('n')
+    ])
 }
 
 /**
@@ -453,9 +508,12 @@ async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
  */
 export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
   const pg = isPostgres(db)
-  const candidateIds = pg ? await trigramCandidateIds(db, filter.q) : undefined
+  if (pg) {
+    const searched = await searchPagePostgres(db, filter, sort, limit, after)
+    if (searched !== undefined) return searched
+  }
   const { column, direction, shape, values, page } = pg
-    ? pageShape(filter, sort, limit, after, false, candidateIds)
+    ? pageShape(filter, sort, limit, after)
     : pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
   // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
   // subquery's order (it runs it as a co-routine and cannot flatten it into
@@ -468,15 +526,21 @@ export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, lim
     ? sql<string | null>`'[' || string_agg(p.user_json, ',' order by ${sql.ref(`p.${column}`)} ${sql.raw(direction)}, p.id ${sql.raw(direction)}) || ']'`
     : sql<Buffer | null>`cast('[' || group_concat(p.user_json, ',') || ']' as blob)`
   // A search is planned with its needle on PostgreSQL, so that pg_trgm's indexes are used when the needle is rare
-  // (db/prepared.ts); but not once its candidates are known: `id = any(…)` is a primary key lookup whatever the
-  // values, and planning the page with four trigram indexes in view cost 2.2 ms of the backend every time (EXPLAIN
-  // ANALYZE's planning time, `q=er0012` at 1,000,000 users).
+  // (db/prepared.ts). A role's page too: the generic plan takes `role = $1` for half the users (two values) and
+  // walked users_username_key_unique filtering on the role for `role=admin&sort=username`, 50,949 rows for a page
+  // (53 ms), where planned with the role it is a range of users_role_username_idx (0.3 ms, planning 0.4 ms; EXPLAIN
+  // ANALYZE at 1,000,000 users, `npm run bench:search`'s seed, where this shape had p50 17.7 ms once the bench's
+  // requests missed the page cache).
   const [row] = await executePrepared(db, shape, param =>
     db.selectFrom(page(db, param).as('p')).select([joined.as('json'), sql<number | string>`count(*)`.as('n')]), values,
-  { serverPrepared: filter.q === undefined || candidateIds !== undefined })
+  { serverPrepared: filter.q === undefined && filter.role === undefined })
   if (row === undefined) throw new Error('an aggregate query returned no row')
-  const json = row.json ?? '[]'
-  if (Number(row.n) <= limit) return { json, next: undefined }
+  return cutPage(row.json ?? '[]', Number(row.n), limit, column)
+}
+
+/** The page without the extra user read to know whether another page follows, and the keyset position after it. */
+function cutPage (json: PageText, n: number, limit: number, column: PageShape['column']): UserPageJson {
+  if (n <= limit) return { json, next: undefined }
   // Each element starts with ELEMENT_START, which cannot occur inside one: quotes in strings are escaped.
   // Both ends are found in the text as read: searching the cut text instead flattened it, a copy of the whole page.
   const cut = json.lastIndexOf(ELEMENT_START)
