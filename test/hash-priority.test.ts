@@ -56,6 +56,21 @@ describe('HASH_NICE', () => {
     })
   }
 
+  it('starts the hashing threads with the first hash, not with the server', { skip: !linux && 'Linux only' }, async () => {
+    // A nice value no other app of this file uses, so its threads are this app's.
+    const atThirteen = (): number => [...threadNices().values()].filter(n => n === 13).length
+    const t = await createTestApp(dialects()[0]!, { hashNice: 13, hashConcurrency: 2 })
+    try {
+      assert.equal(atThirteen(), 0, 'no hashing thread after start-up (the dummy hash is made on the pool)')
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD } })
+      assert.equal(created.statusCode, 201, created.body)
+      assert.equal(await t.app.passwords.lowered(), true)
+      assert.equal(atThirteen(), 2, 'one hashing thread per slot once a password was hashed')
+    } finally {
+      await t.app.close()
+    }
+  })
+
   it('keeps hashing on the thread pool at the process\'s priority by default', { skip: !linux && 'Linux only' }, async () => {
     const before = [...threadNices().values()].filter(n => n === 7).length
     const t = await createTestApp(dialects()[0]!)

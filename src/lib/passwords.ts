@@ -51,6 +51,16 @@ export class PasswordHasher {
     await this.#workers?.close()
   }
 
+  /**
+   * A hash made while the server starts (the dummy hash failed sign-ins are
+   * checked against): on libuv's pool even with HASH_NICE, so the hash
+   * workers start with the first sign-in or new password, not at start-up
+   * (hash-workers.ts: ~10 MiB of idle RSS). Nothing else wants the CPU then.
+   */
+  async hashAtStartUp (password: string): Promise<string> {
+    return await this.#run(async () => await hash(password, this.#options))
+  }
+
   async hash (password: string): Promise<string> {
     return await this.#run(async () => this.#workers !== undefined ? await this.#workers.hash(password, this.#options) : await hash(password, this.#options))
   }
