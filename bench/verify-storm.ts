@@ -30,8 +30,8 @@
  * after installCleanUp and makeTmpDir (harness.ts), as list-users.ts does.
  * BENCH_CPU_PROF=1 writes a CPU profile of the server (bench/results/cpu-storm-*).
  * BENCH_SERVER=<path to a server.js> runs another build (an older commit's) instead of dist/server.js.
- * BENCH_HASH_NICE=<0 to 19> starts the server with HASH_NICE (hashing on worker threads below the event
- * loop's priority): compare the row and the sign-ins/s against a run without it, which it costs.
+ * BENCH_HASH_NICE=<0 to 19> starts the server with HASH_NICE (19 by default on Linux: hashing on worker threads below the
+ * event loop's priority; 0: on libuv's pool at its priority): compare the row and the sign-ins/s of the values side by side.
  *
  *   npm run bench:storm
  *   BENCH_DURATION=5 BENCH_ROUNDS=1 npm run bench:storm

@@ -17,9 +17,10 @@ import type { Options } from '@node-rs/argon2'
  * 0.02 ms and ~0. So a profile's time "in" `verify()` is mostly the event
  * loop off the CPU after waking a busy pool thread, not argon2's work. At a lower priority the hash takes what the event loop
  * leaves: the gate (/verify) keeps its throughput during a sign-in storm,
- * and sign-ins slow down whenever the event loop wants the CPU. A policy,
- * so off by default (docs/configuration.md, HASH_NICE; the figures are in
- * bench/README.md, "npm run bench:storm").
+ * and sign-ins slow down whenever the event loop wants the CPU. On by
+ * default on Linux (HASH_NICE=19; 0 turns it off): a flood of sign-ins must
+ * not starve the gate (docs/security.md; the figures are in bench/README.md,
+ * "Issue 20: the storm, fourth pass").
  */
 
 /** Runs in each worker: the synchronous hash, on the worker's own (lowered) thread. */

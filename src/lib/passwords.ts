@@ -11,8 +11,9 @@ import { HashWorkers } from './hash-workers.ts'
 /**
  * argon2id hashing off the event loop, with a bound on how many run at once:
  * each hash holds ~19 MiB and a core for ~9 ms, so unbounded concurrency would
- * let a burst of requests exhaust memory and CPU. On libuv's thread pool, or,
- * with HASH_NICE, on worker threads of lower priority (lib/hash-workers.ts).
+ * let a burst of requests exhaust memory and CPU. With HASH_NICE (by default
+ * on Linux) on worker threads of lower priority (lib/hash-workers.ts);
+ * with HASH_NICE=0, on libuv's thread pool.
  */
 export class PasswordHasher {
   readonly #limit: LimitFunction
