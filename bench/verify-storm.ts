@@ -30,8 +30,8 @@
  * after installCleanUp and makeTmpDir (harness.ts), as list-users.ts does.
  * BENCH_CPU_PROF=1 writes a CPU profile of the server (bench/results/cpu-storm-*).
  * BENCH_SERVER=<path to a server.js> runs another build (an older commit's) instead of dist/server.js.
- * BENCH_HASH_NICE=<0 to 19> starts the server with HASH_NICE (hashing on worker threads below the event
- * loop's priority): compare the row and the sign-ins/s against a run without it, which it costs.
+ * BENCH_HASH_NICE=<0 to 19> starts the server with HASH_NICE (19 by default on Linux: hashing on worker threads below the
+ * event loop's priority; 0: on libuv's pool at its priority): compare the row and the sign-ins/s of the values side by side.
  *
  *   npm run bench:storm
  *   BENCH_DURATION=5 BENCH_ROUNDS=1 npm run bench:storm
@@ -67,8 +67,15 @@ export interface StormSettings {
   postgresUrl: string | undefined
   /** The compiled server to run, relative to the repository: another build (an older commit's) to compare with. */
   server: string
-  /** HASH_NICE for the server (BENCH_HASH_NICE); undefined: the server's default (0, hashes at the event loop's priority). */
+  /** HASH_NICE for the server (BENCH_HASH_NICE); undefined: the server's default (config.ts). */
   hashNice: number | undefined
+}
+
+/** BENCH_HASH_NICE: 0 (off) to 19, or unset (the server's default); envInt refuses 0. */
+function hashNiceSetting (value: string | undefined): number | undefined {
+  if (value === undefined || value === '') return undefined
+  if (!/^\d+$/.test(value) || Number(value) > 19) throw new Error(`BENCH_HASH_NICE must be 0 to 19, got "${value}"`)
+  return Number(value)
 }
 
 export function stormSettings (): StormSettings {
@@ -82,14 +89,20 @@ export function stormSettings (): StormSettings {
     cpuProfile: envFlag('BENCH_CPU_PROF'),
     postgresUrl: process.env.BENCH_DATABASE_URL,
     server: process.env.BENCH_SERVER ?? 'dist/server.js',
-    hashNice: process.env.BENCH_HASH_NICE === undefined ? undefined : envInt('BENCH_HASH_NICE', 0)
+    hashNice: hashNiceSetting(process.env.BENCH_HASH_NICE)
   }
 }
 
 // ---------------------------------------------------------------- the helper processes
 
 /** What a helper process (BENCH_STORM_ROLE=argon2 or storm) prints on its last line. */
-interface HelperReport { done: number, failed: number, seconds: number, statuses: Record<string, number> }
+interface HelperReport { done: number, failed: number, seconds: number, statuses: Record<string, number>, latencyMs?: { p50: number, p99: number } }
+
+/** The p-th percentile (0 to 100) of `values`, sorted in place. */
+function percentile (values: number[], p: number): number {
+  values.sort((a, b) => a - b)
+  return values[Math.min(values.length - 1, Math.floor(values.length * p / 100))] ?? NaN
+}
 
 /** A bare argon2id loop at gatehouse's defaults, HASH_CONCURRENCY's default at a time, for BENCH_HELPER_S seconds. */
 async function argon2Loop (seconds: number): Promise<HelperReport> {
@@ -133,20 +146,24 @@ async function signInStorm (seconds: number): Promise<HelperReport> {
   let next = 0
   let done = 0
   let failed = 0
+  const latencies: number[] = []
   await Promise.all(Array.from({ length: connections }, async () => {
     while (performance.now() < end) {
       const user = users[next++ % users.length]!
       try {
+        const sent = performance.now()
         const status = await post(url, JSON.stringify(user))
         statuses[status] = (statuses[status] ?? 0) + 1
-        if (status === 200) done++
-        else failed++
+        if (status === 200) {
+          done++
+          latencies.push(performance.now() - sent)
+        } else failed++
       } catch {
         failed++
       }
     }
   }))
-  return { done, failed, seconds: (performance.now() - started) / 1000, statuses }
+  return { done, failed, seconds: (performance.now() - started) / 1000, statuses, latencyMs: { p50: percentile(latencies, 50), p99: percentile(latencies, 99) } }
 }
 
 /** CPU seconds of one thread of a process (the main thread's id is the pid), from /proc. */
@@ -169,7 +186,7 @@ interface Measurement extends LoadSummary, LoadCpu {
   /** The server's main thread (the event loop) alone, per verify response. */
   mainThreadUsPerRequest: number | null
   /** The helper process (argon2 loop or storm client): its CPU in cores, and hashes or successful sign-ins per second. */
-  helper: { cores: number | null, perSec: number, failed: number, statuses: Record<string, number> } | null
+  helper: { cores: number | null, perSec: number, failed: number, statuses: Record<string, number>, latencyMs: { p50: number, p99: number } | null } | null
   eventLoopP99Ms: number | null
   non2xx: number
   errors: number
@@ -177,9 +194,20 @@ interface Measurement extends LoadSummary, LoadCpu {
 }
 
 /** The storm with no verify load: what one sign-in costs the server's main thread, and all its threads. */
-interface SignInCost { signInsPerSec: number, mainThreadMsPerSignIn: number | null, serverMsPerSignIn: number | null, clientMsPerSignIn: number | null, eventLoopP99Ms: number | null }
+interface SignInCost { signInsPerSec: number, latencyMs: { p50: number, p99: number } | null, mainThreadMsPerSignIn: number | null, serverMsPerSignIn: number | null, clientMsPerSignIn: number | null, eventLoopP99Ms: number | null }
 
-interface EngineResult { engine: string, hashNice: number, signIns: SignInCost, measurements: Measurement[], ratio: number, stormP99Ms: number, signInsPerSec: number, hashesPerSec: number }
+interface EngineResult {
+  engine: string
+  hashNice: number
+  signIns: SignInCost
+  measurements: Measurement[]
+  ratio: number
+  stormP99Ms: number
+  signInsPerSec: number
+  hashesPerSec: number
+  /** The storm rounds' sign-in latency (the storm client's, successful sign-ins): the mean of the rounds' p50, the worst p99. */
+  signInLatencyMs: { p50: number, p99: number } | null
+}
 
 async function expectOk (res: Response, status: number, what: string): Promise<string> {
   const body = await res.text()
@@ -262,6 +290,7 @@ async function measureEngine (engine: 'sqlite' | 'postgres', settings: StormSett
       const msEach = (a: number | undefined, b: number | undefined): number | null => a === undefined || b === undefined ? null : (b - a) * 1000 / Math.max(1, windowCount)
       return {
         signInsPerSec: perSec,
+        latencyMs: report.latencyMs ?? null,
         mainThreadMsPerSignIn: msEach(before.main, after.main),
         serverMsPerSignIn: msEach(before.all, after.all),
         clientMsPerSignIn: msEach(before.client, after.client),
@@ -292,7 +321,8 @@ async function measureEngine (engine: 'sqlite' | 'postgres', settings: StormSett
           cores: helperBefore !== undefined && helperAfter !== undefined ? (helperAfter - helperBefore) / windowS : null,
           perSec: report.done / report.seconds,
           failed: report.failed,
-          statuses: report.statuses
+          statuses: report.statuses,
+          latencyMs: report.latencyMs ?? null
         }
       }
       const totalRequests = load.warm.requests.total + load.result.requests.total
@@ -324,15 +354,19 @@ async function measureEngine (engine: 'sqlite' | 'postgres', settings: StormSett
     }
     const ratio = mean('storm', m => m.reqPerSec.average) / mean('argon2', m => m.reqPerSec.average)
     const stormP99Ms = Math.max(...measurements.filter(m => m.target === 'storm').map(m => m.latencyMs.p99))
+    const stormLatencies = measurements.flatMap(m => m.target === 'storm' && m.helper?.latencyMs != null ? [m.helper.latencyMs] : [])
     return {
       engine,
-      hashNice: settings.hashNice ?? 0,
+      hashNice: settings.hashNice ?? defaultConfig().hashNice,
       signIns,
       measurements,
       ratio,
       stormP99Ms,
       signInsPerSec: mean('storm', m => m.helper?.perSec ?? 0),
-      hashesPerSec: mean('argon2', m => m.helper?.perSec ?? 0)
+      hashesPerSec: mean('argon2', m => m.helper?.perSec ?? 0),
+      signInLatencyMs: stormLatencies.length === 0
+        ? null
+        : { p50: stormLatencies.reduce((sum, l) => sum + l.p50, 0) / stormLatencies.length, p99: Math.max(...stormLatencies.map(l => l.p99)) }
     }
   } finally {
     await stopChild(server)
@@ -362,9 +396,11 @@ function printEngine (r: EngineResult): void {
     `verify during a sign-in storm, ${r.engine}, HASH_NICE=${r.hashNice}${r.hashNice > 0 ? ' (the server hashes at a lower priority than its event loop)' : ''}: helper /s is argon2id hashes/s (argon2) or successful sign-ins/s (storm)`,
     ...lines,
     `sign-ins alone (no verify load): ${r.signIns.signInsPerSec.toFixed(1)}/s; per sign-in ${r.signIns.mainThreadMsPerSignIn?.toFixed(2) ?? 'n/a'} ms on the server's main thread, ` +
-      `${r.signIns.serverMsPerSignIn?.toFixed(2) ?? 'n/a'} ms on all its threads, ${r.signIns.clientMsPerSignIn?.toFixed(2) ?? 'n/a'} ms in the storm client; event loop p99 ${r.signIns.eventLoopP99Ms?.toFixed(1) ?? 'n/a'} ms`,
+      `${r.signIns.serverMsPerSignIn?.toFixed(2) ?? 'n/a'} ms on all its threads, ${r.signIns.clientMsPerSignIn?.toFixed(2) ?? 'n/a'} ms in the storm client; event loop p99 ${r.signIns.eventLoopP99Ms?.toFixed(1) ?? 'n/a'} ms; ` +
+      `sign-in latency p50 ${r.signIns.latencyMs?.p50.toFixed(1) ?? 'n/a'} ms, p99 ${r.signIns.latencyMs?.p99.toFixed(1) ?? 'n/a'} ms`,
     `storm ÷ argon2 (mean req/s): ${r.ratio.toFixed(3)} (goal ≥ ${GOAL_RATIO}); worst storm p99 ${r.stormP99Ms.toFixed(1)} ms (goal < ${GOAL_P99_MS} ms); ` +
-      `sign-ins/s ${r.signInsPerSec.toFixed(1)} against ${r.hashesPerSec.toFixed(1)} bare hashes/s (${r.hashesPerSec > 0 ? fmt(r.signInsPerSec / r.hashesPerSec * 100, 0) : 'n/a'}%)`,
+      `sign-ins/s ${r.signInsPerSec.toFixed(1)} against ${r.hashesPerSec.toFixed(1)} bare hashes/s (${r.hashesPerSec > 0 ? fmt(r.signInsPerSec / r.hashesPerSec * 100, 0) : 'n/a'}%); ` +
+      `storm sign-in latency p50 ${r.signInLatencyMs?.p50.toFixed(1) ?? 'n/a'} ms, worst p99 ${r.signInLatencyMs?.p99.toFixed(1) ?? 'n/a'} ms`,
     ''
   ].join('\n') + '\n')
 }

@@ -283,7 +283,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   })
   // Verified against when a sign-in has no real hash to check, so every failure costs one argon2 verification.
   // Hashed on the thread pool while the routes below are set up; awaited before the sign-in routes need it.
-  const dummyHashing = passwords.hash(randomSecret('dummy_'))
+  const dummyHashing = passwords.hashAtStartUp(randomSecret('dummy_'))
   dummyHashing.catch(() => {}) // a failure surfaces at the await below, not as an unhandled rejection meanwhile
   const deviceKey = deviceKeyOf(db)
   // What a request started and does not wait for (a password-reset request's look-up), finished before the database closes.

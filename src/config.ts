@@ -41,7 +41,7 @@ export interface Config {
   /** Hashes computed at once; the rest queue, and past `hashQueueLimit` requests get 503. */
   hashConcurrency: number
   hashQueueLimit: number
-  /** 0: hashes on libuv's pool at the event loop's priority; 1 to 19: on worker threads at that nice value (lib/hash-workers.ts). */
+  /** 0: hashes on libuv's pool at the event loop's priority; 1 to 19 (19 on Linux by default): on worker threads at that nice value (lib/hash-workers.ts). */
   hashNice: number
   passwordMinLength: number
   passwordMaxLength: number
@@ -201,7 +201,10 @@ const DEFAULTS: Config = {
   // One core is left to the event loop, which answers every other request while hashes run (bench/README.md, issue 8).
   hashConcurrency: Math.max(1, availableParallelism() - 1),
   hashQueueLimit: 64,
-  hashNice: 0,
+  // Linux: hashing below the event loop, so that a flood of sign-ins (a storm, or password spraying) cannot
+  // take the CPU the gate and every other request need (docs/security.md; measured in bench/README.md,
+  // "Issue 20: the storm, fourth pass"). Elsewhere a thread's priority cannot be set, so the pool it is.
+  hashNice: process.platform === 'linux' ? 19 : 0,
   passwordMinLength: 8,
   passwordMaxLength: 256,
   trustProxy: false,

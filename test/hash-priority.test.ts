@@ -25,7 +25,7 @@ describe('HASH_NICE', () => {
   it('accepts 0 to 19 and refuses anything else', () => {
     assert.equal(loadConfig({ HASH_NICE: '0' }).hashNice, 0)
     assert.equal(loadConfig({ HASH_NICE: '19' }).hashNice, 19)
-    assert.equal(loadConfig({}).hashNice, 0)
+    assert.equal(loadConfig({}).hashNice, process.platform === 'linux' ? 19 : 0, 'below the event loop by default where a thread\'s priority can be set')
     assert.throws(() => loadConfig({ HASH_NICE: '20' }), /HASH_NICE/)
     assert.throws(() => loadConfig({ HASH_NICE: '-1' }), /HASH_NICE/)
   })
@@ -56,15 +56,31 @@ describe('HASH_NICE', () => {
     })
   }
 
-  it('keeps hashing on the thread pool at the process\'s priority by default', { skip: !linux && 'Linux only' }, async () => {
-    const before = [...threadNices().values()].filter(n => n === 7).length
-    const t = await createTestApp(dialects()[0]!)
+  it('starts the hashing threads with the first hash, not with the server', { skip: !linux && 'Linux only' }, async () => {
+    // A nice value no other app of this file uses, so its threads are this app's.
+    const atThirteen = (): number => [...threadNices().values()].filter(n => n === 13).length
+    const t = await createTestApp(dialects()[0]!, { hashNice: 13, hashConcurrency: 2 })
+    try {
+      assert.equal(atThirteen(), 0, 'no hashing thread after start-up (the dummy hash is made on the pool)')
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName(), password: GOOD_PASSWORD } })
+      assert.equal(created.statusCode, 201, created.body)
+      assert.equal(await t.app.passwords.lowered(), true)
+      assert.equal(atThirteen(), 2, 'one hashing thread per slot once a password was hashed')
+    } finally {
+      await t.app.close()
+    }
+  })
+
+  it('keeps hashing on the thread pool at the process\'s priority with HASH_NICE=0', { skip: !linux && 'Linux only' }, async () => {
+    const lowered = (): number => [...threadNices().values()].filter(n => n !== 0).length
+    const before = lowered()
+    const t = await createTestApp(dialects()[0]!, { hashNice: 0 })
     try {
       assert.equal(await t.app.passwords.lowered(), undefined)
       const username = uniqueName()
       const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, password: GOOD_PASSWORD } })
       assert.equal(created.statusCode, 201, created.body)
-      assert.equal([...threadNices().values()].filter(n => n === 7).length, before, 'no new lowered thread')
+      assert.equal(lowered(), before, 'no new lowered thread')
     } finally {
       await t.app.close()
     }

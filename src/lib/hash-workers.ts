@@ -17,9 +17,10 @@ import type { Options } from '@node-rs/argon2'
  * 0.02 ms and ~0. So a profile's time "in" `verify()` is mostly the event
  * loop off the CPU after waking a busy pool thread, not argon2's work. At a lower priority the hash takes what the event loop
  * leaves: the gate (/verify) keeps its throughput during a sign-in storm,
- * and sign-ins slow down whenever the event loop wants the CPU. A policy,
- * so off by default (docs/configuration.md, HASH_NICE; the figures are in
- * bench/README.md, "npm run bench:storm").
+ * and sign-ins slow down whenever the event loop wants the CPU. On by
+ * default on Linux (HASH_NICE=19; 0 turns it off): a flood of sign-ins must
+ * not starve the gate (docs/security.md; the figures are in bench/README.md,
+ * "Issue 20: the storm, fourth pass").
  */
 
 /** Runs in each worker: the synchronous hash, on the worker's own (lowered) thread. */
@@ -60,17 +61,33 @@ interface HashWorker { worker: Worker, task: Pending | undefined }
 export class HashWorkers {
   readonly #slots: HashWorker[] = []
   readonly #waiting: Array<() => void> = []
-  readonly #ready: Promise<boolean>
+  #ready: Promise<boolean> | undefined
+  readonly #size: number
   readonly #argon2 = createRequire(import.meta.url).resolve('@node-rs/argon2')
   readonly #nice: number
   #closed = false
 
   constructor (size: number, nice: number) {
+    this.#size = size
     this.#nice = nice
-    const readies: Array<Promise<boolean>> = []
-    for (let i = 0; i < size; i++) readies.push(this.#spawn(i))
-    this.#ready = Promise.all(readies).then(niced => niced.every(Boolean))
-    this.#ready.catch(() => {})
+  }
+
+  /**
+   * The workers start with the first hash, not with the server: each holds a
+   * V8 isolate of its own, ~10 MiB of resident memory (idle RSS right after
+   * start, SQLite, HASH_NICE=19, 3 interleaved starts: 109.1 to 109.7 MiB
+   * started eagerly, 99.2 to 99.5 without workers; the command is in
+   * bench/README.md, "Issue 20: the storm, fourth pass"), and the idle
+   * server is guarded under 100 MiB.
+   */
+  #start (): Promise<boolean> {
+    if (this.#ready === undefined) {
+      const readies: Array<Promise<boolean>> = []
+      for (let i = 0; i < this.#size; i++) readies.push(this.#spawn(i))
+      this.#ready = Promise.all(readies).then(niced => niced.every(Boolean))
+      this.#ready.catch(() => {})
+    }
+    return this.#ready
   }
 
   /** Starts the worker of slot `index`; resolves with whether its thread took the lower priority. */
@@ -107,7 +124,7 @@ export class HashWorkers {
 
   /** Whether every worker's thread took the lower priority (false off Linux). */
   async niced (): Promise<boolean> {
-    return await this.#ready
+    return await this.#start()
   }
 
   async hash (password: string, options: Options): Promise<string> {
@@ -119,6 +136,7 @@ export class HashWorkers {
   }
 
   async #run (task: Record<string, unknown>): Promise<string | boolean> {
+    if (this.#ready === undefined) this.#start().catch(() => {})
     let slot = this.#slots.find(w => w.task === undefined)
     while (slot === undefined) {
       await new Promise<void>(resolve => this.#waiting.push(resolve))

@@ -11,8 +11,9 @@ import { HashWorkers } from './hash-workers.ts'
 /**
  * argon2id hashing off the event loop, with a bound on how many run at once:
  * each hash holds ~19 MiB and a core for ~9 ms, so unbounded concurrency would
- * let a burst of requests exhaust memory and CPU. On libuv's thread pool, or,
- * with HASH_NICE, on worker threads of lower priority (lib/hash-workers.ts).
+ * let a burst of requests exhaust memory and CPU. With HASH_NICE (by default
+ * on Linux) on worker threads of lower priority (lib/hash-workers.ts);
+ * with HASH_NICE=0, on libuv's thread pool.
  */
 export class PasswordHasher {
   readonly #limit: LimitFunction
@@ -49,6 +50,16 @@ export class PasswordHasher {
 
   async close (): Promise<void> {
     await this.#workers?.close()
+  }
+
+  /**
+   * A hash made while the server starts (the dummy hash failed sign-ins are
+   * checked against): on libuv's pool even with HASH_NICE, so the hash
+   * workers start with the first sign-in or new password, not at start-up
+   * (hash-workers.ts: ~10 MiB of idle RSS). Nothing else wants the CPU then.
+   */
+  async hashAtStartUp (password: string): Promise<string> {
+    return await this.#run(async () => await hash(password, this.#options))
   }
 
   async hash (password: string): Promise<string> {

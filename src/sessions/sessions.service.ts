@@ -12,8 +12,8 @@ import { findPublicUserById, findUserById, toUser } from '../users/users.reposit
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
 import {
-  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom, insertSession,
-  listLiveSessionsOfUser, markSessionReauthenticated, recordSignInAddress, recordSignInOnUser, touchSession
+  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom,
+  listLiveSessionsOfUser, markSessionReauthenticated, recordSignInWithSession, touchSession
 } from './sessions.repository.ts'
 import { MAX_LISTED_SESSIONS, type SessionSummary } from './sessions.schemas.ts'
 import { reserveAttempt, throttleBudgets } from './throttle.ts'
@@ -78,8 +78,7 @@ export async function openSession (
   const signedIn = await deps.db.transaction().execute(async trx => {
     await options.within?.(trx)
     // A known client getting in does not lift a lock that strangers are still running into.
-    const updated = await recordSignInOnUser(trx, userId, at, { liftLock: !locked, rehash })
-    await insertSession(trx, {
+    const updated = await recordSignInWithSession(trx, {
       id: sessionId,
       user_id: userId,
       digest: digestOf(token),
@@ -92,8 +91,7 @@ export async function openSession (
       mfa: options.mfa !== undefined,
       sign_in_method: options.opened?.method ?? null,
       sign_in_provider: options.opened?.provider ?? null
-    })
-    if (ctx.clientIp !== null && deps.config.loginKnownClientDays > 0) await recordSignInAddress(trx, userId, ctx.clientIp, at)
+    }, { liftLock: !locked, rehash, address: ctx.clientIp !== null && deps.config.loginKnownClientDays > 0 ? ctx.clientIp : null })
     await recordEvent(trx, { ...ctx, actorType: 'user', actorId: userId }, 'user.login_succeeded', { type: 'user', id: userId }, {
       session_id: sessionId,
       ...(rehash !== undefined ? { password_rehashed: true } : {}),
