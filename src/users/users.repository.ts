@@ -240,27 +240,19 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
  * the statements each connection keeps stay few; any other size is bound.
  */
 const FIXED_LIMITS = new Set([1, 10, 20, 25, 50, 100, 200, 250, 500, 1000])
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
-  const fixedLimit = FIXED_LIMITS.has(limit) ? limit + 1 : undefined
-  const [column, direction] = SORT_COLUMNS[sort]
-  const needle = filter.q?.toLowerCase()
-  const has = {
-    q: needle !== undefined,
-    trigrams,
-    username: filter.username !== undefined,
-    email: filter.email !== undefined,
-    role: filter.role !== undefined,
-    disabled: filter.disabled !== undefined,
-    group: filter.group !== undefined,
-    after: after !== undefined
-  }
+/** A page's filters and keyset position as both page statements (pageQuery, searchPageQuery) bind them, and what each statement's shape has. */
+function pageBindings (filter: UserFilter, limit: number, after: [string, string] | undefined) {
   return {
-    column,
-    direction,
-    shape: `users_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`,
+    fixedLimit: FIXED_LIMITS.has(limit) ? limit + 1 : undefined,
+    has: {
+      username: filter.username !== undefined,
+      email: filter.email !== undefined,
+      role: filter.role !== undefined,
+      disabled: filter.disabled !== undefined,
+      group: filter.group !== undefined,
+      after: after !== undefined
+    },
     values: {
-      needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
-      phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
       username_key: filter.username?.toLowerCase(),
       email_key: filter.email?.toLowerCase(),
       role: filter.role,
@@ -269,6 +261,29 @@ function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [strin
       after_key: after?.[0],
       after_id: after?.[1],
       limit_plus_one: limit + 1
+    }
+  }
+}
+
+/** A statement's name: what it has, so each combination is prepared once. */
+function shapeName (prefix: string, sort: Sort, has: Record<string, boolean>, fixedLimit: number | undefined): string {
+  return `${prefix}:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`
+}
+
+function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
+  const bindings = pageBindings(filter, limit, after)
+  const { fixedLimit } = bindings
+  const [column, direction] = SORT_COLUMNS[sort]
+  const needle = filter.q?.toLowerCase()
+  const has = { q: needle !== undefined, trigrams, ...bindings.has }
+  return {
+    column,
+    direction,
+    shape: shapeName('users_page', sort, has, fixedLimit),
+    values: {
+      needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
+      phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
+      ...bindings.values
     },
     page: (db, param) => pageQuery(db, param, has, column, direction, fixedLimit)
   }
@@ -336,29 +351,13 @@ async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit
   // for `q=hopper` (one user in eight) took a sequential read of 16,000 users, 25-37 ms at 1,000,000 users
   // (EXPLAIN ANALYZE; the page itself 0.7 ms).
   if (part === undefined) return undefined
-  const fixedLimit = FIXED_LIMITS.has(limit) ? limit + 1 : undefined
+  const { fixedLimit, has, values } = pageBindings(filter, limit, after)
   const [column, direction] = SORT_COLUMNS[sort]
-  const has = {
-    username: filter.username !== undefined,
-    email: filter.email !== undefined,
-    role: filter.role !== undefined,
-    disabled: filter.disabled !== undefined,
-    group: filter.group !== undefined,
-    after: after !== undefined
-  }
-  const shape = `users_search_page:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`
-  const [row] = await executePrepared(db, shape, param => searchPageQuery(db, param, has, column, direction, fixedLimit), {
+  const [row] = await executePrepared(db, shapeName('users_search_page', sort, has, fixedLimit), param => searchPageQuery(db, param, has, column, direction, fixedLimit), {
     part: `%${escapeLike(part)}%`,
     needle: `%${escapeLike(needle)}%`,
     max: TRIGRAM_CANDIDATES_MAX,
-    username_key: filter.username?.toLowerCase(),
-    email_key: filter.email?.toLowerCase(),
-    role: filter.role,
-    disabled: filter.disabled,
-    group: filter.group,
-    after_key: after?.[0],
-    after_id: after?.[1],
-    limit_plus_one: limit + 1
+    ...values
   }, { serverPrepared: false })
   if (row === undefined) throw new Error('an aggregate query returned no row')
   if (Number(row.matches) >= TRIGRAM_CANDIDATES_MAX) return undefined
