@@ -77,13 +77,13 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`drop table if exists user_json`.execute(db)
 }
 
-/** The columns a User is rendered from (users.repository.ts PUBLIC_COLUMNS, without `version`, which the User does not show). */
-const USER_FIELDS = [
+/** The columns a User is rendered from (users.repository.ts PUBLIC_COLUMNS, without `version`, which the User does not show); migrations 0023 and 0024 keep their triggers on the same list. */
+export const USER_FIELDS = [
   'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
   'email_verified', 'invitation_pending', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
 ]
 
-/** The User as SQLite's JSON functions render it (the same text as users.repository.ts USER_JSON_SQLITE); `@` stands for the columns' prefix. */
+/** The User as SQLite's JSON functions render it (the same text as users.repository.ts USER_JSON_SQLITE; migration 0024 renders with it too); `@` stands for the columns' prefix. */
 const USER_JSON_SQLITE = `json_object(
   'id', @id, 'username', @username, 'email', @email, 'first_name', @first_name, 'last_name', @last_name,
   'role', @role, 'groups', json(@groups), 'disabled', json(case when @disabled then 'true' else 'false' end),
@@ -93,6 +93,6 @@ const USER_JSON_SQLITE = `json_object(
   'created_at', @created_at, 'updated_at', @updated_at, 'last_login_at', @last_login_at,
   'password_changed_at', @password_changed_at)`
 
-function userJsonSqlite (prefix: '' | 'new.'): ReturnType<typeof sql.raw> {
+export function userJsonSqlite (prefix: '' | 'new.' | 'users.'): ReturnType<typeof sql.raw> {
   return sql.raw(USER_JSON_SQLITE.replaceAll('@', prefix))
 }

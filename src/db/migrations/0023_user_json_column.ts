@@ -1,5 +1,6 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
+import { USER_FIELDS } from './0021_user_json.ts'
 
 /**
  * PostgreSQL: each user's stored User JSON (migration 0021) moves from the
@@ -83,9 +84,3 @@ async function recreateCredentialTrigger (db: Kysely<any>, ignored: string[]): P
     for each row when ((to_jsonb(old) ${strip}) is distinct from (to_jsonb(new) ${strip}))
     execute function gatehouse_credentials_changed()`.execute(db)
 }
-
-/** The columns a User is rendered from (migration 0021's list). */
-const USER_FIELDS = [
-  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
-  'email_verified', 'invitation_pending', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
-]

@@ -1,5 +1,7 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
+// Migration 0021's list and rendering: the column and its triggers hold the same text the user_json table did.
+import { USER_FIELDS, userJsonSqlite } from './0021_user_json.ts'
 
 /**
  * SQLite: each user's stored User JSON (migration 0021) moves from the
@@ -67,24 +69,4 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`create trigger users_json_delete after delete on users begin
     delete from user_json where user_id = old.id;
   end`.execute(db)
-}
-
-/** The columns a User is rendered from (migration 0021's list). */
-const USER_FIELDS = [
-  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
-  'email_verified', 'invitation_pending', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
-]
-
-/** Migration 0021's rendering (the same text as users.repository.ts USER_JSON_SQLITE); `@` stands for the columns' prefix. */
-const USER_JSON_SQLITE = `json_object(
-  'id', @id, 'username', @username, 'email', @email, 'first_name', @first_name, 'last_name', @last_name,
-  'role', @role, 'groups', json(@groups), 'disabled', json(case when @disabled then 'true' else 'false' end),
-  'password_sign_in', json(case when @password_sign_in then 'true' else 'false' end),
-  'email_verified', json(case when @email_verified then 'true' else 'false' end),
-  'invitation_pending', json(case when @invitation_pending then 'true' else 'false' end),
-  'created_at', @created_at, 'updated_at', @updated_at, 'last_login_at', @last_login_at,
-  'password_changed_at', @password_changed_at)`
-
-function userJsonSqlite (prefix: 'users.' | 'new.'): ReturnType<typeof sql.raw> {
-  return sql.raw(USER_JSON_SQLITE.replaceAll('@', prefix))
 }
