@@ -7,12 +7,24 @@
  * With BARE_DB=<sqlite file> it is instead the issue's other reference point,
  * "the same read from better-sqlite3": the route reads the 50 users on every
  * request, the plain way (row objects, mapped, then serialized by the schema).
+ *
+ * With BARE_PAGE_DB=<database URL> (`sqlite:<file>` or `postgres://…`, with
+ * BARE_PAGE_SCHEMA for a PostgreSQL schema) it is the floor of issue 20's
+ * uncached page: no hooks, no credential, no log line, no page cache; the
+ * route decodes the request's `cursor` and answers the page that gatehouse's
+ * own repository read renders for it (`listUsersJson`, the very statement the
+ * service runs on a miss), as it comes from the database. What gatehouse costs
+ * above this is its request pipeline; what this costs above the fixed page is
+ * the read (and, at its lower rate, the kernel's wake-ups: bench/README.md).
  */
 import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
-import { toUser } from '../src/users/users.repository.ts'
+import { listUsersJson, toUser } from '../src/users/users.repository.ts'
+import { createDb } from '../src/db/database.ts'
+import { defaultConfig } from '../src/config.ts'
+import { decodeCursor } from '../src/lib/paging.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
 
 const ITEMS = 50
@@ -39,7 +51,19 @@ const read = process.env.BARE_DB !== undefined
   : () => users
 
 const app = Fastify()
-app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => read())
+const pageDb = process.env.BARE_PAGE_DB
+if (pageDb !== undefined) {
+  // gatehouse's defaults otherwise: the same pool a PostgreSQL page waits on, the same SQLite settings.
+  const db = createDb(defaultConfig({ databaseUrl: pageDb, databaseSchema: process.env.BARE_PAGE_SCHEMA }))
+  app.get<{ Querystring: { cursor?: string, limit?: string } }>(USERS_PATH, async (request, reply) => {
+    const { cursor, limit } = request.query
+    const after = cursor === undefined ? undefined : decodeCursor(cursor, 'created_at', ['timestamp', 'uuid']) as [string, string]
+    const page = await listUsersJson(db, {}, 'created_at', Number(limit ?? ITEMS), after)
+    return await reply.type('application/json; charset=utf-8').send(page.json)
+  })
+} else {
+  app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => read())
+}
 
 // A clean exit on SIGTERM, so `--cpu-prof` gets to write its profile.
 process.once('SIGTERM', () => {

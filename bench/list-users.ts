@@ -16,7 +16,7 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, seedSqliteUsers, USERS_PATH } from './fixtures.ts'
-import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
+import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureFloor, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
 import { formatIssue20Table, measureIssue20Parts } from './issue20.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
@@ -210,6 +210,7 @@ async function measurePostgres (nodeArgs: string[] = []): Promise<PostgresPart> 
     const quick = settings.only === 'uncached'
     const list = quick ? undefined : await measure('gatehouse-pg', child, url, { 'x-api-key': key }, page.bodyBytes)
     const uncached = await measureUncached('gatehouse-pg-uncached', 'postgres', child, base, key, settings.users, settings, backendPids(settings.postgresUrl, benchAppName()))
+    uncached.floor = await measureFloor('postgres', settings.postgresUrl, schema, settings.users, settings)
     const verify = quick ? undefined : await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie: await sessionCookie(base, key, 'bench.verify') }, 0)
     await stopChild(child)
     const startsMs = [firstStartMs, ...quick ? [] : await restarts('gatehouse-pg-restart', pgEnv, STARTS - 1)]
@@ -319,7 +320,7 @@ async function main (): Promise<void> {
   log(`bare server ready on ${bareUrl} (pid ${bare.proc.pid})`)
 
   if (settings.only === 'uncached') {
-    await uncachedOnly({ stamp, bare, bareUrl, bareBodyBytes: barePage.bodyBytes, gatehouse, gatehouseBase, key, pgProfArgs: profArgs('gatehouse-pg') })
+    await uncachedOnly({ stamp, dbPath, bare, bareUrl, bareBodyBytes: barePage.bodyBytes, gatehouse, gatehouseBase, key, pgProfArgs: profArgs('gatehouse-pg') })
     return
   }
 
@@ -337,6 +338,7 @@ async function main (): Promise<void> {
   const gatehouseResult = await measure('gatehouse', gatehouse, gatehouseUrl, auth, page.bodyBytes)
   const logBytes = statSync(gatehouse.stdoutPath).size - logBytesBefore
   const uncached = await measureUncached('gatehouse-uncached', 'sqlite', gatehouse, gatehouseBase, key, settings.users, settings)
+  uncached.floor = await measureFloor('sqlite', `sqlite:${dbPath}`, undefined, settings.users, settings)
   const cookie = await sessionCookie(gatehouseBase, key, 'bench.verify')
   const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
   const creates = await measureCreates(gatehouse, gatehouseBase, key)
@@ -349,6 +351,7 @@ async function main (): Promise<void> {
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
   const meets = ratio >= TARGET_RATIO
   const valid = [bareResult, gatehouseResult, uncached, verifyResult, creates.run, ...(postgres.ran ? [postgres.list!, postgres.uncached, postgres.verify!] : [])]
+    .flatMap(m => 'floor' in m && m.floor !== undefined ? [m, m.floor] : [m])
     .every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
   const cpuRatio = bareResult.serverCpu !== null && gatehouseResult.serverCpu !== null
     ? bareResult.serverCpu.usPerRequest / gatehouseResult.serverCpu.usPerRequest
@@ -416,18 +419,20 @@ async function main (): Promise<void> {
 }
 
 /** BENCH_ONLY=uncached: the bare route, then issue 20's uncached page on SQLite and PostgreSQL, and their rows. */
-async function uncachedOnly (m: { stamp: string, bare: Child, bareUrl: string, bareBodyBytes: number, gatehouse: Child, gatehouseBase: string, key: string, pgProfArgs: string[] }): Promise<void> {
+async function uncachedOnly (m: { stamp: string, dbPath: string, bare: Child, bareUrl: string, bareBodyBytes: number, gatehouse: Child, gatehouseBase: string, key: string, pgProfArgs: string[] }): Promise<void> {
   const bareResult = await measure('bare', m.bare, m.bareUrl, {}, m.bareBodyBytes)
   // The repeated first page (a cache hit) beside it: what the uncached page costs beyond the rest of the request.
   const cachedResult = await measure('gatehouse', m.gatehouse, `${m.gatehouseBase}${USERS_PATH}?limit=${PAGE_SIZE}`, { 'x-api-key': m.key }, m.bareBodyBytes)
   const uncached = await measureUncached('gatehouse-uncached', 'sqlite', m.gatehouse, m.gatehouseBase, m.key, settings.users, settings)
+  uncached.floor = await measureFloor('sqlite', `sqlite:${m.dbPath}`, undefined, settings.users, settings)
   await stopChild(m.gatehouse)
   const postgres = await measurePostgres(m.pgProfArgs)
   if (!postgres.ran) log(`PostgreSQL part skipped: ${postgres.why}`)
   const measured = [uncached, ...(postgres.ran ? [postgres.uncached] : [])]
   const issue20 = issue20PageRows(bareResult, measured)
   const header = ['target', 'req/s (avg)', 'p99 ms', 'non-2xx', 'server CPU µs/req', 'PostgreSQL CPU µs/req', 'other CPU']
-  const body = [['bare', bareResult] as const, ['gatehouse, repeated page (cache hit, sqlite)', cachedResult] as const, ...measured.map(u => [`gatehouse-uncached (${u.engine})`, u] as const)].map(([name, r]) => [
+  const body = [['bare', bareResult] as const, ['gatehouse, repeated page (cache hit, sqlite)', cachedResult] as const,
+    ...measured.flatMap(u => [[`gatehouse-uncached (${u.engine})`, u] as const, ...(u.floor !== undefined ? [[`bare+page (${u.engine}): the floor`, u.floor] as const] : [])])].map(([name, r]) => [
     name, fmt(r.reqPerSec.average, 1), fmt(r.latencyMs.p99, 2), String(r.non2xx),
     r.serverCpu === null ? 'n/a' : fmt(r.serverCpu.usPerRequest, 1),
     'companionCpu' in r && r.companionCpu != null ? fmt(r.companionCpu.usPerRequest, 1) : '',
@@ -437,7 +442,7 @@ async function uncachedOnly (m: { stamp: string, bare: Child, bareUrl: string, b
   process.stdout.write(formatIssue20(issue20))
   writeResults('list-users-uncached', m.stamp, { benchmark: 'list-users (BENCH_ONLY=uncached)', issue20, bare: bareResult, cached: cachedResult, uncached: measured, settings, machine: machineInfo(), git: gitInfo() })
   await cleanUp()
-  if (![bareResult, cachedResult, ...measured].every(r => r.non2xx === 0 && r.errors === 0 && r.timeouts === 0)) {
+  if (![bareResult, cachedResult, ...measured, ...measured.flatMap(u => u.floor ?? [])].every(r => r.non2xx === 0 && r.errors === 0 && r.timeouts === 0)) {
     log('INVALID RUN: non-2xx responses, errors or timeouts under load (see the JSON)')
     process.exitCode = 1
   }

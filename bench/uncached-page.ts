@@ -8,6 +8,13 @@
  * of the server's PostgreSQL backends (found by application_name in
  * pg_stat_activity, read from /proc) is added to the server's.
  *
+ * Beside each, its floor: the bare route answering the same uncached pages
+ * with gatehouse's own read and nothing else (bench/bare-server.ts,
+ * BARE_PAGE_DB). What gatehouse costs above its floor is its request pipeline
+ * (hooks, credential, rate limits, log line, cursor and `Link`); what the floor
+ * costs above bare is reading the page through the same drivers, which no
+ * work on the pipeline can remove.
+ *
  * Part of `npm run bench` (bench/list-users.ts); `BENCH_ONLY=uncached npm run bench`
  * runs only these targets and the bare route.
  */
@@ -16,7 +23,7 @@ import { loadavg } from 'node:os'
 import pg from 'pg'
 import { encodeCursor } from '../src/lib/paging.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
-import { fmt, formatTable, measureLoad, type Child, type IssueRow, type LoadCpu, type LoadSummary } from './harness.ts'
+import { childEnv, fmt, formatTable, freePort, HOST, measureLoad, startChild, stopChild, waitReady, type Child, type IssueRow, type LoadCpu, type LoadSummary } from './harness.ts'
 
 export const UNCACHED_PAGE_SIZE = 50
 
@@ -72,6 +79,33 @@ export interface UncachedMeasurement extends LoadSummary, LoadCpu {
   /** Server CPU µs per response, plus its PostgreSQL backends' on PostgreSQL. */
   totalUsPerRequest: number | null
   loadAverage: number[]
+  /** The floor measured right after it: the bare route with the same read (measureFloor). */
+  floor?: UncachedMeasurement
+}
+
+/**
+ * The floor of the uncached page on one database: the bare route answering
+ * the same cursors with gatehouse's repository read (`listUsersJson`), through
+ * a pool of gatehouse's default size; on PostgreSQL its backends, named
+ * `<appName>-floor`, are counted with it.
+ */
+export async function measureFloor (
+  engine: 'sqlite' | 'postgres', databaseUrl: string, schema: string | undefined, users: number,
+  timing: { warmupS: number, durationS: number, connections: number }
+): Promise<UncachedMeasurement> {
+  const port = await freePort()
+  const appName = `${benchAppName()}-floor`
+  const child: Child = startChild(`bare+page-${engine}`, 'bench/bare-server.ts', childEnv({
+    PORT: String(port), BARE_PAGE_DB: databaseUrl, ...(schema !== undefined ? { BARE_PAGE_SCHEMA: schema } : {}), PGAPPNAME: appName
+  }))
+  const base = `http://${HOST}:${port}`
+  try {
+    await waitReady(child, `${base}${USERS_PATH}?limit=1`)
+    return await measureUncached(`bare+page (${engine})`, engine, child, base, '', users, timing,
+      engine === 'postgres' ? backendPids(databaseUrl, appName) : undefined)
+  } finally {
+    await stopChild(child)
+  }
 }
 
 /** One uncached target: autocannon with a different cursor on every request, the first checked by hand. */
@@ -126,11 +160,18 @@ export function issue20PageRows (bare: { serverCpu: LoadCpu['serverCpu'], reqPer
       measured: ratio === null
         ? 'n/a'
         : `${ratio.toFixed(3)}: ${fmt(m.totalUsPerRequest!)} µs${pgPart} vs ${fmt(bareUs!)} µs; ${fmt(m.reqPerSec.average)} vs ${fmt(bare.reqPerSec.average)} req/s ` +
-          `(${(m.reqPerSec.average / bare.reqPerSec.average).toFixed(3)}); load ${m.loadAverage.map(v => v.toFixed(2)).join(' ')}`,
+          `(${(m.reqPerSec.average / bare.reqPerSec.average).toFixed(3)}); load ${m.loadAverage.map(v => v.toFixed(2)).join(' ')}` + floorPart(m.floor, bareUs!),
       goal: `≥ ${goal}`,
       met: ratio === null ? null : ratio >= goal
     }
   })
+}
+
+/** The floor beside a row: its cost, and bare ÷ it (what a route doing nothing but this read reached in this run). */
+function floorPart (floor: UncachedMeasurement | undefined, bareUs: number): string {
+  if (floor?.totalUsPerRequest == null) return ''
+  const backends = floor.engine === 'postgres' && floor.companionCpu != null ? ` (${fmt(floor.serverCpu?.usPerRequest ?? 0)} + ${fmt(floor.companionCpu.usPerRequest)} in the backends)` : ''
+  return `; floor, bare route + the same read: ${fmt(floor.totalUsPerRequest)} µs${backends}, ${(bareUs / floor.totalUsPerRequest).toFixed(3)}`
 }
 
 export function formatIssue20 (rows: IssueRow[]): string {
