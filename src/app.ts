@@ -146,7 +146,7 @@ export function redactUrl (url: string): string {
 
 export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
   const { config } = options
-  // Log lines are gathered and written a few KiB at a time, off the request's
+  // Log lines are gathered and written 32 KiB at a time, off the request's
   // path (at most 250 ms late, flushed on close): one write(2) per request line
   // was a tenth of a list request's cost. A stdout whose reader is gone drops
   // and counts lines instead of holding the process (system/log-destination.ts).

@@ -64,10 +64,21 @@ export class LogDestination {
   #dropped = 0
   #broken: NodeJS.ErrnoException | undefined
 
-  constructor ({ fd, noticeFd, minLength = 4096, periodicFlush = 250, maxBuffered = 4 * 1024 * 1024 }: LogDestinationOptions) {
+  /**
+   * Each write goes through libuv's thread pool, waking a thread and then the
+   * event loop: at 4 KiB a write, the request log cost the uncached users page
+   * 6% more CPU per request than at 32 KiB (bench/README.md, "Issue 20: the
+   * log line"; eight interleaved rounds, median). A busy server's lines are
+   * then some 10 ms later, an idle one's at most periodicFlush as before.
+   */
+  constructor ({ fd, noticeFd, minLength = 32 * 1024, periodicFlush = 250, maxBuffered = 4 * 1024 * 1024 }: LogDestinationOptions) {
     for (const used of [fd, noticeFd]) openedByNode(used)
     this.#noticeFd = noticeFd
-    this.#sonic = new SonicBoom({ fd, sync: false, minLength, periodicFlush, maxLength: maxBuffered })
+    // SonicBoom refuses a minLength at or above the most it writes at once (16 KiB by default). Lines go in as
+    // bytes: in its text mode it measures the whole gathered text again for every line (Buffer.byteLength of a
+    // string of up to maxWrite), which at 64 KiB made the cache hit 4% dearer than at 4 KiB; as bytes, a line
+    // costs its own encoding, and the hit 9% less (the same README section).
+    this.#sonic = new SonicBoom({ fd, sync: false, minLength, maxWrite: 2 * minLength, periodicFlush, maxLength: maxBuffered, contentMode: 'buffer' })
     this.#sonic.on('write', (bytes: number) => { this.#written(bytes) })
     // Emitted from inside write() when the line would take the buffer past maxBuffered: that line is not kept.
     this.#sonic.on('drop', () => {
@@ -98,8 +109,10 @@ export class LogDestination {
       this.#dropped++
       return true
     }
-    this.#pending.push(Buffer.byteLength(line))
-    return this.#sonic.write(line)
+    const bytes = Buffer.from(line, 'utf8')
+    this.#pending.push(bytes.length)
+    // SonicBoom's types know only its text mode; in buffer mode write() takes bytes.
+    return this.#sonic.write(bytes as unknown as string)
   }
 
   /**
