@@ -1,7 +1,7 @@
 import { createRequire } from 'node:module'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import fp from 'fastify-plugin'
-import rateLimit, { type FastifyRateLimitStore, type FastifyRateLimitStoreCtor } from '@fastify/rate-limit'
+import type { FastifyRateLimitStore } from '@fastify/rate-limit'
 import type { Redis } from 'ioredis'
 import { AppError } from '../errors.ts'
 
@@ -10,53 +10,50 @@ const NAMESPACE = 'gatehouse:rate:'
 
 type IncrCallback = Parameters<FastifyRateLimitStore['incr']>[1]
 interface LibraryStore { incr: (key: string, callback: IncrCallback, timeWindow: number, max: number) => void }
-// The package exports only the plugin; its Redis store (one Lua script that counts and expires atomically) lives in this file.
-const RedisStore = createRequire(import.meta.url)('@fastify/rate-limit/store/RedisStore.js') as
+// The package exports only the plugin; its stores live in files of their own: an LRU-bounded map of counters,
+// and for Redis one Lua script that counts and expires atomically.
+const requireHere = createRequire(import.meta.url)
+const RedisStore = requireHere('@fastify/rate-limit/store/RedisStore.js') as
   new (continueExceeding: boolean, exponentialBackoff: boolean, redis: Redis, key: string) => LibraryStore
+const LocalStore = requireHere('@fastify/rate-limit/store/LocalStore.js') as
+  new (continueExceeding: boolean, exponentialBackoff: boolean, cache?: number) => LibraryStore
 
 /**
- * The library's Redis store, under our namespace only. Its own child() names
- * each limiter after a route, which a limiter made by createRateLimit does not
- * have: keys came out as `gatehouse:rate:undefinedundefined-addr:…`. Our key
- * generators already say which budget a key counts (`addr:…`, `cred:…`).
+ * Counts one request against a budget, then calls `done`: with a 429 problem
+ * (Retry-After, RateLimit-*) when over it, with the store's error when it
+ * could not count (a Redis that fails or times out fails the request, 503
+ * dependency_unavailable, never lets it through unlimited), and otherwise
+ * with nothing, the budget reported in RateLimit-* headers.
+ *
+ * The library's stores are used without its request handler: that handler
+ * took six promises per budget, and with both budgets it cost the uncached
+ * users page 8% of its CPU per request (eight interleaved rounds, median;
+ * bench/README.md, "Issue 20: the log line and the rate limits"). The
+ * in-memory store answers at once, so a request passes without any.
  */
-function namespacedRedisStore (redis: Redis): FastifyRateLimitStoreCtor {
-  const store = new RedisStore(false, false, redis, NAMESPACE)
-  return class NamespacedRedisStore implements FastifyRateLimitStore {
-    incr (key: string, callback: IncrCallback, timeWindow?: number, max?: number): void {
-      store.incr(key, callback, timeWindow ?? WINDOW_MS, max ?? 0)
+function spend (store: LibraryStore, key: string, max: number, reply: FastifyReply, what: string, done: (error?: Error) => void): void {
+  store.incr(key, (error, count) => {
+    if (error !== null || count === undefined) {
+      done(error ?? new Error('the rate-limit store answered without a count'))
+      return
     }
-
-    child (): FastifyRateLimitStore {
-      return this
+    const reset = String(Math.ceil(count.ttl / 1000))
+    reply.header('RateLimit-Limit', String(max))
+    reply.header('RateLimit-Remaining', String(Math.max(0, max - count.current)))
+    reply.header('RateLimit-Reset', reset)
+    if (count.current > max) {
+      done(new AppError('rate_limited', 429, `Too many requests ${what}: at most ${max} a minute. Retry after ${reset} s.`, {
+        headers: { 'Retry-After': String(Math.max(1, Number(reset))) }
+      }))
+      return
     }
-  }
-}
-
-type Limiter = (request: FastifyRequest) => Promise<{ isAllowed: boolean, max?: number, remaining?: number, ttlInSeconds?: number, isExceeded?: boolean }>
-
-/**
- * Counts one request against a limiter; answers 429 (problem+json, Retry-After,
- * RateLimit-*) when over, and otherwise reports the budget in RateLimit-* headers.
- */
-async function spend (limiter: Limiter, request: FastifyRequest, reply: FastifyReply, what: string): Promise<void> {
-  const result = await limiter(request)
-  if (result.isAllowed || result.max === undefined) return
-  const reset = String(result.ttlInSeconds ?? 0)
-  reply.header('RateLimit-Limit', String(result.max))
-  reply.header('RateLimit-Remaining', String(result.remaining ?? 0))
-  reply.header('RateLimit-Reset', reset)
-  if (result.isExceeded === true) {
-    throw new AppError('rate_limited', 429, `Too many requests ${what}: at most ${result.max} a minute. Retry after ${reset} s.`, {
-      headers: { 'Retry-After': String(Math.max(1, Number(reset))) }
-    })
-  }
+    done()
+  }, WINDOW_MS, max)
 }
 
 /**
  * The general request limit, in one-minute windows, shared through Redis
  * when configured. Two budgets: one per client address for every request
- * (so made-up credentials and refused requests count too), checked before
  * anything else; and one per credential (API key or session, by its id),
  * checked once the credential is known. 0 switches a budget off. Health,
  * readiness and metrics are exempt. Sign-in has its own, much stricter,
@@ -65,30 +62,25 @@ async function spend (limiter: Limiter, request: FastifyRequest, reply: FastifyR
 export default fp(async function rateLimitPlugin (app: FastifyInstance, options: { redis: Redis | undefined }) {
   const { rateLimitPerCredential, rateLimitPerAddress } = app.config
   if (rateLimitPerCredential === 0 && rateLimitPerAddress === 0) return
-  await app.register(rateLimit, {
-    global: false,
-    timeWindow: WINDOW_MS,
-    // A Redis that fails or times out fails the request (503 dependency_unavailable), never lets it through unlimited.
-    skipOnError: false,
-    ...(options.redis !== undefined ? { store: namespacedRedisStore(options.redis) } : {})
-  })
+  // Both budgets count in one store; their keys say which (`addr:…`, `cred:…`). 5,000 keys in memory, as the library keeps.
+  const store = options.redis !== undefined ? new RedisStore(false, false, options.redis, NAMESPACE) : new LocalStore(false, false, 5000)
   const exempt = (request: FastifyRequest): boolean => request.routeOptions.config.rateLimit === false
 
   if (rateLimitPerAddress > 0) {
-    const perAddress = app.createRateLimit({ keyGenerator: (request) => `addr:${request.ip}`, max: rateLimitPerAddress, timeWindow: WINDOW_MS }) as Limiter
-    app.addHook('onRequest', async (request, reply) => {
-      if (!exempt(request)) await spend(perAddress, request, reply, 'from this address')
+    // With `done`, not async: every request passes here (app.ts says why).
+    app.addHook('onRequest', (request, reply, done) => {
+      if (exempt(request)) done()
+      else spend(store, `addr:${request.ip}`, rateLimitPerAddress, reply, 'from this address', done)
     })
   }
   if (rateLimitPerCredential > 0) {
-    const perCredential = app.createRateLimit({
-      keyGenerator: (request) => `cred:${request.principal!.type}:${request.principal!.id}`,
-      max: rateLimitPerCredential,
-      timeWindow: WINDOW_MS
-    }) as Limiter
     // Called by the auth plugin once it knows who is calling.
     app.decorate('spendCredentialBudget', async (request: FastifyRequest, reply: FastifyReply) => {
-      if (request.principal !== null && !exempt(request)) await spend(perCredential, request, reply, 'with this credential')
+      if (request.principal === null || exempt(request)) return
+      await new Promise<void>((resolve, reject) => {
+        spend(store, `cred:${request.principal!.type}:${request.principal!.id}`, rateLimitPerCredential, reply, 'with this credential',
+          error => { if (error === undefined) resolve(); else reject(error) })
+      })
     })
   }
 }, { name: 'gatehouse-rate-limit' })
