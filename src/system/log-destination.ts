@@ -67,17 +67,18 @@ export class LogDestination {
   /**
    * Each write goes through libuv's thread pool, waking a thread and then the
    * event loop: at 4 KiB a write, the request log cost the uncached users page
-   * 6% more CPU per request than at 32 KiB (bench/README.md, "Issue 20: the
-   * log line"; eight interleaved rounds, median). A busy server's lines are
-   * then some 10 ms later, an idle one's at most periodicFlush as before.
+   * 6% more CPU per request than at 32 KiB (median of eight interleaved rounds;
+   * bench/README.md, "Issue 20: the floor, the log line and the rate limits").
+   * A busy server's lines are then some 10 ms later, an idle one's at most
+   * periodicFlush as before.
    */
   constructor ({ fd, noticeFd, minLength = 32 * 1024, periodicFlush = 250, maxBuffered = 4 * 1024 * 1024 }: LogDestinationOptions) {
     for (const used of [fd, noticeFd]) openedByNode(used)
     this.#noticeFd = noticeFd
     // SonicBoom refuses a minLength at or above the most it writes at once (16 KiB by default). Lines go in as
     // bytes: in its text mode it measures the whole gathered text again for every line (Buffer.byteLength of a
-    // string of up to maxWrite), which at 64 KiB made the cache hit 4% dearer than at 4 KiB; as bytes, a line
-    // costs its own encoding, and the hit 9% less (the same README section).
+    // string of up to maxWrite), and with 64 KiB that made the cache hit cost 4% more than before; as bytes, a
+    // line costs only its own encoding (same section: the hit 0.906, the uncached page 0.965 of before).
     this.#sonic = new SonicBoom({ fd, sync: false, minLength, maxWrite: 2 * minLength, periodicFlush, maxLength: maxBuffered, contentMode: 'buffer' })
     this.#sonic.on('write', (bytes: number) => { this.#written(bytes) })
     // Emitted from inside write() when the line would take the buffer past maxBuffered: that line is not kept.
