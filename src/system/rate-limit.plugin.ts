@@ -56,6 +56,7 @@ function spend (store: LibraryStore, key: string, max: number, reply: FastifyRep
 /**
  * The general request limit, in one-minute windows, shared through Redis
  * when configured. Two budgets: one per client address for every request
+ * (so made-up credentials and refused requests count too), checked before
  * anything else; and one per credential (API key or session, by its id),
  * checked once the credential is known. 0 switches a budget off. Health,
  * readiness and metrics are exempt. Sign-in has its own, much stricter,
