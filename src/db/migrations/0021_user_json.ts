@@ -53,6 +53,11 @@ export async function up (db: Kysely<any>): Promise<void> {
   }
   await sql`create table user_json (user_id text primary key, json text not null) without rowid`.execute(db)
   await sql`insert into user_json (user_id, json) select id, ${userJsonSqlite('')} from users`.execute(db)
+  await createSqliteUserJsonTriggers(db)
+}
+
+/** SQLite: the triggers that keep `user_json` in step with `users`; also what migration 0024's `down` puts back. */
+export async function createSqliteUserJsonTriggers (db: Kysely<any>): Promise<void> {
   // INSERT OR REPLACE: an update also mends a row that is missing.
   await sql`create trigger users_json_insert after insert on users begin
     insert or replace into user_json (user_id, json) values (new.id, ${userJsonSqlite('new.')});

@@ -1,7 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
-// Migration 0021's list and rendering: the column and its triggers hold the same text the user_json table did.
-import { USER_FIELDS, userJsonSqlite } from './0021_user_json.ts'
+// Migration 0021's list and rendering: the column and its triggers hold the same text the user_json table did;
+// its triggers are what `down` puts back.
+import { createSqliteUserJsonTriggers, USER_FIELDS, userJsonSqlite } from './0021_user_json.ts'
 
 /**
  * SQLite: each user's stored User JSON (migration 0021) moves from the
@@ -59,14 +60,5 @@ export async function down (db: Kysely<any>): Promise<void> {
   await sql`create table user_json (user_id text primary key, json text not null) without rowid`.execute(db)
   await sql`insert into user_json (user_id, json) select id, coalesce(user_json, ${userJsonSqlite('users.')}) from users`.execute(db)
   await sql`alter table users drop column user_json`.execute(db)
-  // Migration 0021's triggers.
-  await sql`create trigger users_json_insert after insert on users begin
-    insert or replace into user_json (user_id, json) values (new.id, ${userJsonSqlite('new.')});
-  end`.execute(db)
-  await sql`create trigger users_json_update after update of ${sql.join(USER_FIELDS.map(field => sql.id(field)))} on users begin
-    insert or replace into user_json (user_id, json) values (new.id, ${userJsonSqlite('new.')});
-  end`.execute(db)
-  await sql`create trigger users_json_delete after delete on users begin
-    delete from user_json where user_id = old.id;
-  end`.execute(db)
+  await createSqliteUserJsonTriggers(db)
 }
