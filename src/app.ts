@@ -27,7 +27,6 @@ import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
 import { jsonParserWithPosition } from './lib/json-body.ts'
-import { isCredentialParam, queryParamName } from './lib/query-string.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
 import { lazySerializer, lazyValidator } from './lib/lazy-compile.ts'
 import { referencedSchemas } from './lib/schema-refs.ts'
@@ -53,6 +52,7 @@ import { prepareCode } from './tokens/token-codes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
+import { ACCESS_MESSAGE, accessLine, loggerOptions } from './system/access-log.ts'
 import { LoginBody, PasswordChange, Session, SessionsEnded, SessionSummary } from './sessions/sessions.schemas.ts'
 import sessionsRoutes from './sessions/sessions.routes.ts'
 import loginPage from './sessions/login-page.ts'
@@ -119,31 +119,6 @@ const buildSerializers: typeof serializerSelector = (externalSchemas, options) =
 }
 const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS]
 
-/**
- * Query parameters that carry a one-time secret: an OIDC provider's answer at
- * the callback (the authorisation code and the state, which together finish a
- * sign-in), the tokens an OAuth answer may carry, and the `token` of an
- * invitation, password-reset or e-mail link (docs/email.md). No other gatehouse
- * operation takes a parameter of these names, so they are redacted wherever
- * they appear.
- */
-const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token', 'token'])
-
-/**
- * Request log lines carry the path, never a credential given in the query
- * string: `API_KEY` is matched by its decoded name, as the parser that takes
- * it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same parameter), and so
- * are the one-time secrets above.
- */
-export function redactUrl (url: string): string {
-  const start = url.indexOf('?')
-  if (start === -1) return url
-  const secret = (pair: string): boolean => isCredentialParam(pair) || ONE_TIME_SECRET_PARAMS.has(queryParamName(pair).toLowerCase())
-  return url.slice(0, start + 1) + url.slice(start + 1).split('&')
-    .map(pair => secret(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
-    .join('&')
-}
-
 export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
   const { config } = options
   // Log lines are gathered and written 32 KiB at a time, off the request's
@@ -156,15 +131,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const stdoutLog = options.logStream === undefined && options.logger === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
   const logDestination = options.logStream ?? stdoutLog!
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
-    logger: options.logger ?? {
-      level: config.logLevel,
-      stream: logDestination,
-      redact: { paths: ['req.headers.authorization', 'req.headers["x-api-key"]', 'req.headers.cookie'], censor: '[redacted]' },
-      serializers: {
-        req: (req) => ({ method: req.method, url: redactUrl(req.url), remoteAddress: req.ip }),
-        res: (res) => ({ statusCode: res.statusCode })
-      }
-    },
+    logger: options.logger ?? loggerOptions(config.logLevel, logDestination),
     // Unknown and read-only fields are an error, not something to drop silently.
     // Query strings, path and headers are text, so they are coerced to the
     // declared types; JSON bodies are taken exactly as sent (form bodies are
@@ -321,7 +288,12 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('preValidation', rejectNulBytes)
 
   app.addHook('onResponse', (request, reply, done) => {
-    request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, 'request completed')
+    if (options.logger === undefined) {
+      const line = accessLine(request, reply)
+      if (line !== undefined) logDestination.write(line)
+    } else {
+      request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, ACCESS_MESSAGE)
+    }
     // Node discards the rest of a body only when nothing began to read it. A
     // multipart upload refused part-way (a file part, too many fields) was begun
     // by busboy and then dropped: the connection stopped reading, and the

@@ -1,0 +1,101 @@
+import assert from 'node:assert/strict'
+import { after, before, describe, it } from 'node:test'
+import fc from 'fast-check'
+import pino from 'pino'
+import { ACCESS_MESSAGE, loggerOptions } from '../src/system/access-log.ts'
+import { auth, createTestApp, dialects, type TestApp } from './helpers.ts'
+
+interface AccessEntry { reqId: string, msg: string, time: number, req: { method: string, url: string, remoteAddress?: string }, res: { statusCode: number }, responseTime: number }
+
+/**
+ * The line pino writes for the same request with the production logger's
+ * options, from what the request was: its method, its URL (pino's
+ * serializer redacts it), its address, status and time taken.
+ */
+function pinoLine (entry: AccessEntry, url: string, time: number): string {
+  const lines: string[] = []
+  // Fastify takes the destination among the options; pino takes it beside them.
+  const { stream, ...options } = loggerOptions('info', { write: (line: string) => { lines.push(line) } })
+  const logger = pino({ ...options, timestamp: () => `,"time":${time}` }, stream)
+  logger.child({ reqId: entry.reqId }).info({
+    req: { method: entry.req.method, url, ip: entry.req.remoteAddress },
+    res: { statusCode: entry.res.statusCode },
+    responseTime: entry.responseTime
+  }, ACCESS_MESSAGE)
+  assert.equal(lines.length, 1)
+  return lines[0]!
+}
+
+describe('the access log line', () => {
+  const lines: string[] = []
+  let t: TestApp
+  before(async () => { t = await createTestApp(dialects()[0]!, {}, { write: (line: string) => { lines.push(line) } }) })
+  after(async () => { await t.app.close() })
+
+  function accessLinesOf (requestId: string): string[] {
+    return lines.filter(line => line.includes(`"reqId":"${requestId}"`) && line.includes(`"msg":"${ACCESS_MESSAGE}"`))
+  }
+
+  it('is the line pino writes for the request, byte for byte, whatever the URL holds', async () => {
+    const queryValue = fc.string({ unit: fc.constantFrom('a', 'Z', '0', '"', '\\', '%22', '%00', '/', 'é', '😀', '=', ' ', '\u2028', '\t', '{'), maxLength: 12 })
+    const parameter = fc.tuple(fc.constantFrom('limit', 'q', 'API_KEY', 'api%5Fkey', 'token', 'code', 'cursor', 'x"y', 'State'), queryValue)
+    await fc.assert(fc.asyncProperty(
+      fc.constantFrom('/auth/api/users', '/auth/api/users/"quoted"', '/auth/api/nothing/é', '/auth/version'),
+      fc.array(parameter, { maxLength: 4 }),
+      fc.constantFrom('GET', 'DELETE', 'OPTIONS'),
+      async (path, parameters, method) => {
+        const url = parameters.length === 0 ? path : `${path}?${parameters.map(([k, v]) => `${k}=${v}`).join('&')}`
+        const res = await t.app.inject({ method: method as 'GET', url, headers: auth(t.adminKey) })
+        const requestId = res.headers['x-request-id'] as string
+        const written = accessLinesOf(requestId)
+        assert.equal(written.length, 1, `one access line for ${url}`)
+        const entry = JSON.parse(written[0]!) as AccessEntry
+        assert.equal(entry.res.statusCode, res.statusCode)
+        // The URL as the server saw it (light-my-request percent-encodes what is not ASCII); redacting it again changes nothing.
+        assert.equal(written[0], pinoLine(entry, entry.req.url, entry.time))
+      }), { numRuns: 150 })
+  })
+
+  it('carries no credential or one-time secret given in the query string', async () => {
+    const res = await t.app.inject({ url: '/auth/api/users?limit=1&API_KEY=gatehouse_leaked&%41PI_KEY=also&token=tok_secret&code=c0de', headers: auth(t.adminKey) })
+    const [line] = accessLinesOf(res.headers['x-request-id'] as string)
+    assert.ok(line !== undefined)
+    assert.equal((JSON.parse(line) as AccessEntry).req.url, '/auth/api/users?limit=1&API_KEY=[redacted]&%41PI_KEY=[redacted]&token=[redacted]&code=[redacted]')
+    for (const secret of ['gatehouse_leaked', 'also', 'tok_secret', 'c0de']) assert.ok(!line.includes(secret), secret)
+  })
+
+  it('is the line pino writes for a request over a real socket, with the client\'s address', async () => {
+    const address = await t.app.listen({ host: '127.0.0.1', port: 0 })
+    const res = await fetch(`${address}/auth/api/users?limit=2`, { headers: auth(t.adminKey) })
+    assert.equal(res.status, 200)
+    await res.arrayBuffer()
+    const requestId = res.headers.get('x-request-id')!
+    // The line is written once the response has been sent, which the client may see first.
+    const deadline = Date.now() + 5000
+    while (accessLinesOf(requestId).length === 0 && Date.now() < deadline) await new Promise(resolve => setTimeout(resolve, 10))
+    const [line] = accessLinesOf(requestId)
+    assert.ok(line !== undefined, 'the access line was written')
+    const entry = JSON.parse(line) as AccessEntry
+    assert.equal(entry.req.remoteAddress, '127.0.0.1')
+    assert.equal(line, pinoLine(entry, '/auth/api/users?limit=2', entry.time))
+  })
+
+  it('is not written for a route that logs only warnings (health checks)', async () => {
+    const res = await t.app.inject({ url: '/auth/healthz' })
+    assert.equal(res.statusCode, 200)
+    assert.deepEqual(accessLinesOf(res.headers['x-request-id'] as string), [])
+  })
+})
+
+describe('the access log line under LOG_LEVEL=warn', () => {
+  const lines: string[] = []
+  let t: TestApp
+  before(async () => { t = await createTestApp(dialects()[0]!, { logLevel: 'warn' }, { write: (line: string) => { lines.push(line) } }) })
+  after(async () => { await t.app.close() })
+
+  it('is not written', async () => {
+    const res = await t.app.inject({ url: '/auth/api/users?limit=1', headers: auth(t.adminKey) })
+    assert.equal(res.statusCode, 200)
+    assert.deepEqual(lines.filter(line => line.includes(ACCESS_MESSAGE)), [])
+  })
+})
