@@ -19,6 +19,8 @@ export interface Config {
   /** PostgreSQL schema to use (search_path); lets one database hold several deployments or test runs. */
   databaseSchema: string | undefined
   databasePoolSize: number
+  /** SQLite: how much of the database file, in MiB, is read through a memory map (0: none). */
+  sqliteMmapMib: number
   /** Upper bound for one SQL statement (PostgreSQL statement_timeout, SQLite busy timeout). */
   databaseStatementTimeoutMs: number
   /**
@@ -179,6 +181,8 @@ export type NoticeKind = typeof NOTICE_KINDS[number]
 
 export class ConfigError extends Error {}
 
+const SQLITE_MMAP_MAX_MIB = 2047
+
 const DEFAULTS: Config = {
   host: '127.0.0.1',
   port: 8080,
@@ -186,6 +190,7 @@ const DEFAULTS: Config = {
   databaseUrl: 'sqlite:./data/gatehouse.db',
   databaseSchema: undefined,
   databasePoolSize: 10,
+  sqliteMmapMib: 256,
   databaseStatementTimeoutMs: 5000,
   // Unless set, a second beyond the statement timeout, so that a merely slow
   // statement is cancelled by the server first and its connection kept.
@@ -306,6 +311,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databaseUrl = str('DATABASE_URL') ?? c.databaseUrl
   c.databaseSchema = str('DATABASE_SCHEMA')
   c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
+  c.sqliteMmapMib = int('SQLITE_MMAP_MIB', c.sqliteMmapMib)
   c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
   c.databaseQueryTimeoutMs = int('DATABASE_QUERY_TIMEOUT_MS', c.databaseStatementTimeoutMs + 1000)
   c.databaseAcquireTimeoutMs = int('DATABASE_ACQUIRE_TIMEOUT_MS', c.databaseAcquireTimeoutMs)
@@ -451,6 +457,8 @@ function validate (c: Config): Config {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
   }
   // Longer, and a revoked credential kept working that long wherever a change notice went missing.
+  // SQLite maps at most 2 GiB less 64 KiB (SQLITE_MAX_MMAP_SIZE) and quietly maps less than asked beyond it.
+  if (c.sqliteMmapMib > SQLITE_MMAP_MAX_MIB) throw new ConfigError(`SQLITE_MMAP_MIB must be at most ${SQLITE_MMAP_MAX_MIB}`)
   if (c.credentialCacheTtlMs > 60_000) throw new ConfigError('CREDENTIAL_CACHE_TTL_MS must be at most 60000')
   // Zero would make every change to factors ask again at once; an hour keeps a stolen session's window small enough.
   if (c.reauthWindowMs < 60_000 || c.reauthWindowMs > 3_600_000) throw new ConfigError('REAUTH_WINDOW_SECONDS must be between 60 and 3600')
