@@ -56,10 +56,10 @@ const INFO = 30
  *
  * Rendered here rather than by pino because every request pays for it: pino
  * walks the object, runs the serializers and the redaction and stringifies
- * each value. With this line the uncached users page cost 0.954 of its CPU per
- * response with pino's (median of eight interleaved rounds, 100,000 users;
- * bench/README.md, "Issue 20: the access line"). Everything else is logged by
- * pino. The request's own bindings (pid,
+ * each value. With this line the uncached users page cost 0.954 of its CPU
+ * per response with pino's (median of eight interleaved rounds, 100,000
+ * users; bench/README.md, "Issue 20: the access line and the memory map").
+ * Everything else is logged by pino. The request's own bindings (pid,
  * hostname, reqId) are pino's, already rendered by its child logger.
  */
 export function accessLine (request: FastifyRequest, reply: FastifyReply): string | undefined {
