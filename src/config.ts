@@ -456,9 +456,9 @@ function validate (c: Config): Config {
   if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)
   }
-  // Longer, and a revoked credential kept working that long wherever a change notice went missing.
   // SQLite maps at most 2 GiB less 64 KiB (SQLITE_MAX_MMAP_SIZE) and quietly maps less than asked beyond it.
   if (c.sqliteMmapMib > SQLITE_MMAP_MAX_MIB) throw new ConfigError(`SQLITE_MMAP_MIB must be at most ${SQLITE_MMAP_MAX_MIB}`)
+  // Longer, and a revoked credential kept working that long wherever a change notice went missing.
   if (c.credentialCacheTtlMs > 60_000) throw new ConfigError('CREDENTIAL_CACHE_TTL_MS must be at most 60000')
   // Zero would make every change to factors ask again at once; an hour keeps a stolen session's window small enough.
   if (c.reauthWindowMs < 60_000 || c.reauthWindowMs > 3_600_000) throw new ConfigError('REAUTH_WINDOW_SECONDS must be between 60 and 3600')

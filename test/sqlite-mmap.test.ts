@@ -39,7 +39,7 @@ describe('SQLITE_MMAP_MIB', () => {
     assert.throws(() => loadConfig({ SQLITE_MMAP_MIB: '1.5' }), /SQLITE_MMAP_MIB/)
   })
 
-  it('reads through the map what another process wrote to the file (the CLI, a second instance)', async () => {
+  it('reads through the map what another connection wrote to the file (as the CLI or a second process writes)', async () => {
     const file = join(dir, 'shared.db')
     const config = loadConfig({ DATABASE_URL: `sqlite:${file}` })
     const app = await buildApp({ config, logger: false })
