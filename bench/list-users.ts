@@ -16,7 +16,9 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { User } from '../src/users/users.schemas.ts'
 import { seedRow, seedSqliteUsers, USERS_PATH } from './fixtures.ts'
-import { benchAppName, backendPids, formatIssue20, issue20PageRows, measureFloor, measureUncached, type UncachedMeasurement } from './uncached-page.ts'
+import {
+  benchAppName, backendPids, formatIssue20, formatPageRounds, issue20PageRows, measureFloor, measurePageRounds, measureUncached, pageRoundMeasurements, type PageEngine, type PageRound
+} from './uncached-page.ts'
 import { formatIssue20Table, measureIssue20Parts } from './issue20.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
@@ -27,9 +29,10 @@ import {
 const PAGE_SIZE = 50
 const TARGET_RATIO = 0.5
 
+const connections = envInt('BENCH_CONNECTIONS', 50)
 const settings = {
   durationS: envInt('BENCH_DURATION', 15),
-  connections: envInt('BENCH_CONNECTIONS', 50),
+  connections,
   warmupS: envInt('BENCH_WARMUP', 3),
   users: envInt('BENCH_USERS', 100_000),
   pageSize: PAGE_SIZE,
@@ -41,7 +44,10 @@ const settings = {
   postgresUrl: process.env.BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test',
   createConnections: envInt('BENCH_CREATE_CONNECTIONS', 10),
   /** `uncached`: only the bare route and issue 20's uncached pages (SQLite and PostgreSQL), for quick comparisons while working on them. */
-  only: process.env.BENCH_ONLY === 'uncached' ? 'uncached' as const : undefined
+  only: process.env.BENCH_ONLY === 'uncached' ? 'uncached' as const : undefined,
+  /** Issue 20's rows 1 and 2 in rounds (uncached-page.ts, measurePageRounds): how many, and each load's warm-up and measured seconds. */
+  pageRounds: envInt('BENCH_PAGE_ROUNDS', 5),
+  pageTiming: { warmupS: envInt('BENCH_PAGE_WARMUP', 2), durationS: envInt('BENCH_PAGE_DURATION', 6), connections }
 }
 
 installCleanUp({ keepTmp: settings.keepTmp })
@@ -76,8 +82,8 @@ interface Measurement extends LoadSummary, LoadCpu {
   timeouts: number
 }
 
-async function measure (name: string, child: Child, url: string, headers: Record<string, string>, bodyBytes: number): Promise<Measurement> {
-  const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu } = await measureLoad(name, child, { url, connections: settings.connections, headers }, settings)
+async function measure (name: string, child: Child, url: string, headers: Record<string, string>, bodyBytes: number, timing: { warmupS: number, durationS: number } = settings): Promise<Measurement> {
+  const { result: r, summary, serverCpu, loadGeneratorCpu, otherCpu } = await measureLoad(name, child, { url, connections: settings.connections, headers }, timing)
   return {
     url,
     bodyBytes,
@@ -172,10 +178,13 @@ async function measureCreates (child: Child, base: string, key: string): Promise
   }
 }
 
-type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], idleRss: number | null, list: Measurement | undefined, uncached: UncachedMeasurement, verify: Measurement | undefined, seedMs: number }
+type PostgresPart = { ran: false, why: string } | { ran: true, startupMs: number, startsMs: number[], idleRss: number | null, list: Measurement | undefined, verify: Measurement | undefined, seedMs: number }
 
-/** The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it. */
-async function measurePostgres (nodeArgs: string[] = []): Promise<PostgresPart> {
+/**
+ * The list and verify on PostgreSQL: a schema of its own, seeded like the SQLite file, the compiled server on it.
+ * `pageRounds` runs while that server is up, with its uncached page and floor: issue 20's rounds.
+ */
+async function measurePostgres (nodeArgs: string[], pageRounds: (postgres: PageEngine) => Promise<void>): Promise<PostgresPart> {
   if (settings.postgresUrl === 'off') return { ran: false, why: 'BENCH_PG_URL=off' }
   const unreachable = await postgresReachable(settings.postgresUrl)
   if (unreachable !== undefined) return { ran: false, why: `PostgreSQL at ${settings.postgresUrl}: ${unreachable}` }
@@ -209,12 +218,16 @@ async function measurePostgres (nodeArgs: string[] = []): Promise<PostgresPart> 
     const idleRss = rssMiB(child)
     const quick = settings.only === 'uncached'
     const list = quick ? undefined : await measure('gatehouse-pg', child, url, { 'x-api-key': key }, page.bodyBytes)
-    const uncached = await measureUncached('gatehouse-pg-uncached', 'postgres', child, base, key, settings.users, settings, backendPids(settings.postgresUrl, benchAppName()))
-    uncached.floor = await measureFloor('postgres', settings.postgresUrl, schema, settings.users, settings)
+    const postgresUrl = settings.postgresUrl
+    await pageRounds({
+      engine: 'postgres',
+      gatehouse: async () => await measureUncached('gatehouse-pg-uncached', 'postgres', child, base, key, settings.users, settings.pageTiming, backendPids(postgresUrl, benchAppName())),
+      floor: async () => await measureFloor('postgres', postgresUrl, schema, settings.users, settings.pageTiming)
+    })
     const verify = quick ? undefined : await measure('verify-pg', child, `${base}/auth/api/verify`, { cookie: await sessionCookie(base, key, 'bench.verify') }, 0)
     await stopChild(child)
     const startsMs = [firstStartMs, ...quick ? [] : await restarts('gatehouse-pg-restart', pgEnv, STARTS - 1)]
-    return { ran: true, startupMs: median(startsMs), startsMs, idleRss, list, uncached, verify, seedMs }
+    return { ran: true, startupMs: median(startsMs), startsMs, idleRss, list, verify, seedMs }
   } finally {
     await dropSchema(settings.postgresUrl, schema)
   }
@@ -337,12 +350,11 @@ async function main (): Promise<void> {
   const logBytesBefore = statSync(gatehouse.stdoutPath).size
   const gatehouseResult = await measure('gatehouse', gatehouse, gatehouseUrl, auth, page.bodyBytes)
   const logBytes = statSync(gatehouse.stdoutPath).size - logBytesBefore
-  const uncached = await measureUncached('gatehouse-uncached', 'sqlite', gatehouse, gatehouseBase, key, settings.users, settings)
-  uncached.floor = await measureFloor('sqlite', `sqlite:${dbPath}`, undefined, settings.users, settings)
   const cookie = await sessionCookie(gatehouseBase, key, 'bench.verify')
   const verifyResult = await measure('verify', gatehouse, `${gatehouseBase}/auth/api/verify`, { cookie }, 0)
   const creates = await measureCreates(gatehouse, gatehouseBase, key)
-  const postgres = await measurePostgres(profArgs('gatehouse-pg'))
+  const rounds = await withPageRounds({ dbPath, bare, bareUrl, bareBodyBytes: barePage.bodyBytes, gatehouse, gatehouseBase, key }, async run => await measurePostgres(profArgs('gatehouse-pg'), run))
+  const postgres = rounds.postgres
   // More starts on the same file, beside the idle server.
   const startsMs = [firstStartMs, ...await restarts('gatehouse-restart', env, STARTS - 1)]
   const startupMs = median(startsMs)
@@ -350,8 +362,7 @@ async function main (): Promise<void> {
   // 5. Report.
   const ratio = gatehouseResult.reqPerSec.average / bareResult.reqPerSec.average
   const meets = ratio >= TARGET_RATIO
-  const valid = [bareResult, gatehouseResult, uncached, verifyResult, creates.run, ...(postgres.ran ? [postgres.list!, postgres.uncached, postgres.verify!] : [])]
-    .flatMap(m => 'floor' in m && m.floor !== undefined ? [m, m.floor] : [m])
+  const valid = [bareResult, gatehouseResult, verifyResult, creates.run, ...(postgres.ran ? [postgres.list!, postgres.verify!] : []), ...pageRoundMeasurements(rounds.rounds)]
     .every(m => m.non2xx === 0 && m.errors === 0 && m.timeouts === 0)
   const cpuRatio = bareResult.serverCpu !== null && gatehouseResult.serverCpu !== null
     ? bareResult.serverCpu.usPerRequest / gatehouseResult.serverCpu.usPerRequest
@@ -363,14 +374,15 @@ async function main (): Promise<void> {
 
   const rows = issueRows({ ratio, cpuRatio, startupMs, startsMs, idleRss, verifyResult, creates, postgres, bareResult, gatehouseResult })
   process.stdout.write(rows.text)
-  const issue20 = issue20PageRows(bareResult, [uncached, ...(postgres.ran ? [postgres.uncached] : [])])
+  const issue20 = issue20PageRows(rounds.rounds)
+  process.stdout.write(formatPageRounds(rounds.rounds))
   process.stdout.write(formatIssue20(issue20))
 
   const report = {
     benchmark: 'list-users',
     issue8: rows.values,
     issue20,
-    uncached: { sqlite: uncached, postgres: postgres.ran ? postgres.uncached : null },
+    pageRounds: rounds.rounds,
     verify: verifyResult,
     creates,
     postgres,
@@ -418,31 +430,46 @@ async function main (): Promise<void> {
   }
 }
 
-/** BENCH_ONLY=uncached: the bare route, then issue 20's uncached page on SQLite and PostgreSQL, and their rows. */
-async function uncachedOnly (m: { stamp: string, dbPath: string, bare: Child, bareUrl: string, bareBodyBytes: number, gatehouse: Child, gatehouseBase: string, key: string, pgProfArgs: string[] }): Promise<void> {
+/** The servers the page rounds measure on SQLite: the bare route and gatehouse, both already up. */
+interface SqlitePage { dbPath: string, bare: Child, bareUrl: string, bareBodyBytes: number, gatehouse: Child, gatehouseBase: string, key: string }
+
+/**
+ * Issue 20's page rounds, run inside the PostgreSQL part while its server is up (so that both databases' pages
+ * are in every round), or on SQLite alone when that part does not run.
+ */
+async function withPageRounds (m: SqlitePage, postgresPart: (run: (postgres: PageEngine) => Promise<void>) => Promise<PostgresPart>): Promise<{ rounds: PageRound[], postgres: PostgresPart }> {
+  const sqlite: PageEngine = {
+    engine: 'sqlite',
+    gatehouse: async () => await measureUncached('gatehouse-uncached', 'sqlite', m.gatehouse, m.gatehouseBase, m.key, settings.users, settings.pageTiming),
+    floor: async () => await measureFloor('sqlite', `sqlite:${m.dbPath}`, undefined, settings.users, settings.pageTiming)
+  }
+  const bare = async (): Promise<Measurement> => await measure('bare', m.bare, m.bareUrl, {}, m.bareBodyBytes, settings.pageTiming)
+  let rounds: PageRound[] | undefined
+  const postgres = await postgresPart(async pg => { rounds = await measurePageRounds(bare, [sqlite, pg], settings.pageRounds) })
+  if (!postgres.ran) log(`PostgreSQL part skipped: ${postgres.why}`)
+  rounds ??= await measurePageRounds(bare, [sqlite], settings.pageRounds)
+  return { rounds, postgres }
+}
+
+/** BENCH_ONLY=uncached: the repeated page beside bare, then issue 20's page rounds on SQLite and PostgreSQL, and their rows. */
+async function uncachedOnly (m: SqlitePage & { stamp: string, pgProfArgs: string[] }): Promise<void> {
   const bareResult = await measure('bare', m.bare, m.bareUrl, {}, m.bareBodyBytes)
   // The repeated first page (a cache hit) beside it: what the uncached page costs beyond the rest of the request.
   const cachedResult = await measure('gatehouse', m.gatehouse, `${m.gatehouseBase}${USERS_PATH}?limit=${PAGE_SIZE}`, { 'x-api-key': m.key }, m.bareBodyBytes)
-  const uncached = await measureUncached('gatehouse-uncached', 'sqlite', m.gatehouse, m.gatehouseBase, m.key, settings.users, settings)
-  uncached.floor = await measureFloor('sqlite', `sqlite:${m.dbPath}`, undefined, settings.users, settings)
-  await stopChild(m.gatehouse)
-  const postgres = await measurePostgres(m.pgProfArgs)
-  if (!postgres.ran) log(`PostgreSQL part skipped: ${postgres.why}`)
-  const measured = [uncached, ...(postgres.ran ? [postgres.uncached] : [])]
-  const issue20 = issue20PageRows(bareResult, measured)
-  const header = ['target', 'req/s (avg)', 'p99 ms', 'non-2xx', 'server CPU µs/req', 'PostgreSQL CPU µs/req', 'other CPU']
-  const body = [['bare', bareResult] as const, ['gatehouse, repeated page (cache hit, sqlite)', cachedResult] as const,
-    ...measured.flatMap(u => [[`gatehouse-uncached (${u.engine})`, u] as const, ...(u.floor !== undefined ? [[`bare+page (${u.engine}): the floor`, u.floor] as const] : [])])].map(([name, r]) => [
+  const { rounds } = await withPageRounds(m, async run => await measurePostgres(m.pgProfArgs, run))
+  const issue20 = issue20PageRows(rounds)
+  const header = ['target', 'req/s (avg)', 'p99 ms', 'non-2xx', 'server CPU µs/req', 'other CPU']
+  const body = ([['bare', bareResult], ['gatehouse, repeated page (cache hit, sqlite)', cachedResult]] as const).map(([name, r]) => [
     name, fmt(r.reqPerSec.average, 1), fmt(r.latencyMs.p99, 2), String(r.non2xx),
     r.serverCpu === null ? 'n/a' : fmt(r.serverCpu.usPerRequest, 1),
-    'companionCpu' in r && r.companionCpu != null ? fmt(r.companionCpu.usPerRequest, 1) : '',
     r.otherCpu === null ? 'n/a' : `${fmt(r.otherCpu.cores * 100)}%`
   ])
   process.stdout.write(['', ...formatTable(header, body).lines, ''].join('\n') + '\n')
+  process.stdout.write(formatPageRounds(rounds))
   process.stdout.write(formatIssue20(issue20))
-  writeResults('list-users-uncached', m.stamp, { benchmark: 'list-users (BENCH_ONLY=uncached)', issue20, bare: bareResult, cached: cachedResult, uncached: measured, settings, machine: machineInfo(), git: gitInfo() })
+  writeResults('list-users-uncached', m.stamp, { benchmark: 'list-users (BENCH_ONLY=uncached)', issue20, bare: bareResult, cached: cachedResult, pageRounds: rounds, settings, machine: machineInfo(), git: gitInfo() })
   await cleanUp()
-  if (![bareResult, cachedResult, ...measured, ...measured.flatMap(u => u.floor ?? [])].every(r => r.non2xx === 0 && r.errors === 0 && r.timeouts === 0)) {
+  if (![bareResult, cachedResult, ...pageRoundMeasurements(rounds)].every(r => r.non2xx === 0 && r.errors === 0 && r.timeouts === 0)) {
     log('INVALID RUN: non-2xx responses, errors or timeouts under load (see the JSON)')
     process.exitCode = 1
   }
