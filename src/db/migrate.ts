@@ -1,4 +1,4 @@
-import { Migrator, sql, type DatabaseIntrospector, type Migration } from 'kysely'
+import { Migrator, NO_MIGRATIONS, sql, type DatabaseIntrospector, type Migration, type MigrationResultSet } from 'kysely'
 import { isPostgres, type Db } from './database.ts'
 import * as m0001 from './migrations/0001_init.ts'
 import * as m0002 from './migrations/0002_sessions.ts'
@@ -53,30 +53,54 @@ const migrations: Record<string, Migration> = {
   '0024_user_json_sqlite_column': m0024
 }
 
+/** This release's migrations, oldest first. */
+export const MIGRATION_NAMES: readonly string[] = Object.keys(migrations)
+
 /**
  * Brings the schema up to date. Safe to run from several instances at once:
  * Kysely's migrator takes an advisory lock on PostgreSQL.
  */
 export async function migrateToLatest (db: Db, schema?: string): Promise<string[]> {
   if (await isUpToDate(db, schema)) return []
-  if (schema !== undefined && isPostgres(db)) {
-    try {
-      await sql`create schema if not exists ${sql.id(schema)}`.execute(db)
-    } catch (error) {
-      // Two instances creating it at the same moment: PostgreSQL fails the
-      // loser with a duplicate key despite `if not exists` (as Kysely's
-      // migrator, which does the same for its own tables, notes).
-      const made = await sql<{ found: number }>`select 1 as found from pg_namespace where nspname = ${schema}`.execute(db)
-      if (made.rows.length === 0) throw error
-    }
+  await createSchema(db, schema)
+  return succeeded(await migratorOf(db, schema).migrateToLatest())
+}
+
+/**
+ * Brings the schema to where migration `target` left it, applying or undoing
+ * (newest first) the migrations in between; `null` undoes all of them. Returns
+ * the names of the migrations run, in the order they ran. Every `down` is
+ * exercised through this by test/migrate.test.ts.
+ */
+export async function migrateTo (db: Db, target: string | null, schema?: string): Promise<string[]> {
+  if (target !== null && !(target in migrations)) throw new Error(`no migration is named ${target}`)
+  await createSchema(db, schema)
+  return succeeded(await migratorOf(db, schema).migrateTo(target ?? NO_MIGRATIONS))
+}
+
+async function createSchema (db: Db, schema: string | undefined): Promise<void> {
+  if (schema === undefined || !isPostgres(db)) return
+  try {
+    await sql`create schema if not exists ${sql.id(schema)}`.execute(db)
+  } catch (error) {
+    // Two instances creating it at the same moment: PostgreSQL fails the
+    // loser with a duplicate key despite `if not exists` (as Kysely's
+    // migrator, which does the same for its own tables, notes).
+    const made = await sql<{ found: number }>`select 1 as found from pg_namespace where nspname = ${schema}`.execute(db)
+    if (made.rows.length === 0) throw error
   }
-  const migrator = new Migrator({
+}
+
+function migratorOf (db: Db, schema: string | undefined): Migrator {
+  return new Migrator({
     db: isPostgres(db) ? withSchemaIntrospection(db, schema) : db,
     provider: { getMigrations: async () => migrations },
     // Without this the migrator finds its bookkeeping tables in any schema and skips creating them in ours.
     ...(schema !== undefined && isPostgres(db) ? { migrationTableSchema: schema } : {})
   })
-  const { error, results } = await migrator.migrateToLatest()
+}
+
+function succeeded ({ error, results }: MigrationResultSet): string[] {
   if (error !== undefined) throw error
   return (results ?? []).filter(r => r.status === 'Success').map(r => r.migrationName)
 }

@@ -56,7 +56,8 @@ export async function down (db: Kysely<any>): Promise<void> {
   if (isPostgres(db)) return
   for (const trigger of ['users_json_insert', 'users_json_update']) await sql`drop trigger if exists ${sql.id(trigger)}`.execute(db)
   await sql`drop index users_created_at_idx`.execute(db)
-  await sql`create index users_created_at_idx on users (created_at, id)`.execute(db)
+  // Through the schema builder, as 0001 made it: SQLite keeps an index's statement as written, so this puts back 0001's text and not just an equal index.
+  await db.schema.createIndex('users_created_at_idx').on('users').columns(['created_at', 'id']).execute()
   await sql`create table user_json (user_id text primary key, json text not null) without rowid`.execute(db)
   await sql`insert into user_json (user_id, json) select id, coalesce(user_json, ${userJsonSqlite('users.')}) from users`.execute(db)
   await sql`alter table users drop column user_json`.execute(db)
