@@ -21,6 +21,11 @@
  * AB_PG_URL_A, AB_PG_URL_B: the URL that build's server connects with, when
  * it is not AB_PG_URL (the same database another way, e.g. its Unix socket:
  * postgres://postgres@%2Fvar%2Frun%2Fpostgresql/test).
+ * AB_ENV_A, AB_ENV_B: settings for that build's server only, as NAME=value
+ * pairs separated by spaces (the same build twice, one setting apart:
+ * AB_A=dist/server.js AB_ENV_A=DATABASE_READ_PIPELINES=0). AB_NODE_ARGS_A,
+ * AB_NODE_ARGS_B: node options for that server, separated by spaces
+ * (`--max-semi-space-size=64`).
  * AB_SEPARATE_FILES=1 (SQLite): each build on a file of its own, migrated by
  * that build's server as it starts and seeded alike after, for builds whose
  * migrations differ (one file would carry a migration the other build does
@@ -51,6 +56,7 @@ const settings = {
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
 const KINDS = ['uncached', 'hit'] as const
+const wordsOf = (text: string | undefined): string[] => (text ?? '').split(' ').filter(word => word !== '')
 
 installCleanUp({ keepTmp: false })
 
@@ -100,8 +106,13 @@ async function compare (database: Record<'A' | 'B', { env: Record<string, string
     // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
     const url: Record<string, string> = pgUrl !== undefined ? { DATABASE_URL: process.env[`AB_PG_URL_${name}`] ?? pgUrl } : {}
     const env = childEnv({ HOST, PORT: String(port), ...database[name].env, ...url, PGAPPNAME: appName, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
+    for (const pair of wordsOf(process.env[`AB_ENV_${name}`])) {
+      const at = pair.indexOf('=')
+      if (at < 1) throw new Error(`AB_ENV_${name}: "${pair}" is not NAME=value`)
+      env[pair.slice(0, at)] = pair.slice(at + 1)
+    }
     const profile = settings.profile === name ? ['--cpu-prof', `--cpu-prof-dir=${join(RESULTS_DIR, `cpu-ab-${name}`)}`] : []
-    const child = startChild(`ab-${name}`, BUILDS[name]!, env, profile)
+    const child = startChild(`ab-${name}`, BUILDS[name]!, env, [...wordsOf(process.env[`AB_NODE_ARGS_${name}`]), ...profile])
     const base = `http://${HOST}:${port}`
     await waitReady(child, `${base}/auth/healthz`)
     const seedFile = database[name].seedAfterStart

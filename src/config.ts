@@ -19,6 +19,8 @@ export interface Config {
   /** PostgreSQL schema to use (search_path); lets one database hold several deployments or test runs. */
   databaseSchema: string | undefined
   databasePoolSize: number
+  /** PostgreSQL: how many of the databasePoolSize connections short reads are pipelined on (db/database.ts ReadPipelines), at most all but one; 0: none, every read takes a pooled connection. */
+  databaseReadPipelines: number
   /** SQLite: how much of the database file, in MiB, is read through a memory map (0: none). */
   sqliteMmapMib: number
   /** Upper bound for one SQL statement (PostgreSQL statement_timeout, SQLite busy timeout). */
@@ -190,6 +192,7 @@ const DEFAULTS: Config = {
   databaseUrl: 'sqlite:./data/gatehouse.db',
   databaseSchema: undefined,
   databasePoolSize: 10,
+  databaseReadPipelines: 4,
   sqliteMmapMib: 256,
   databaseStatementTimeoutMs: 5000,
   // Unless set, a second beyond the statement timeout, so that a merely slow
@@ -311,6 +314,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databaseUrl = str('DATABASE_URL') ?? c.databaseUrl
   c.databaseSchema = str('DATABASE_SCHEMA')
   c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
+  c.databaseReadPipelines = int('DATABASE_READ_PIPELINES', c.databaseReadPipelines)
   c.sqliteMmapMib = int('SQLITE_MMAP_MIB', c.sqliteMmapMib)
   c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
   c.databaseQueryTimeoutMs = int('DATABASE_QUERY_TIMEOUT_MS', c.databaseStatementTimeoutMs + 1000)
@@ -479,6 +483,8 @@ function validate (c: Config): Config {
   if (c.loginDefaultNext !== undefined && !isSameOriginPath(c.loginDefaultNext)) {
     throw new ConfigError(`LOGIN_DEFAULT_NEXT must be a path on this origin such as / or /pipelines, got "${c.loginDefaultNext}"`)
   }
+  if (c.databasePoolSize < 1) throw new ConfigError('DATABASE_POOL_SIZE must be at least 1')
+  if (c.databaseReadPipelines < 0 || c.databaseReadPipelines > 64) throw new ConfigError('DATABASE_READ_PIPELINES must be 0 (none) to 64')
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
   if (c.hashNice < 0 || c.hashNice > 19) throw new ConfigError('HASH_NICE must be 0 (off) to 19')

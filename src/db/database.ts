@@ -416,7 +416,7 @@ export function columnTypes (db: Kysely<any>): { uuid: RawBuilder<unknown>, ts: 
 }
 
 /** Without `sqliteMmapMib`, SQLite reads the file without a memory map (SQLite's own default). */
-export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib'>>): Db {
+export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib' | 'databaseReadPipelines'>>): Db {
   if (config.databaseUrl.startsWith('sqlite:')) {
     return new Kysely<Database>({
       dialect: new SqliteDialect({ database: openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0) })
@@ -424,36 +424,44 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
   const openPool = async (): Promise<PostgresPool> => {
-    const { Pool, types } = loadPg()
-    const pool = new Pool({
+    const { Client, Pool, types } = loadPg()
+    const connection = {
       // timestamptz as the API's own text: no Date object made and formatted again for every value read.
       types: { getTypeParser: ((oid: number, format?: string) => oid === TIMESTAMPTZ_OID && format !== 'binary' ? isoFromTimestamptz : types.getTypeParser(oid, format as 'text')) as typeof types.getTypeParser },
       connectionString: config.databaseUrl,
-      max: config.databasePoolSize,
       // Both the wait for a free connection and opening a new one: a server that
       // accepts the connection but never answers would otherwise hold it for ever.
       connectionTimeoutMillis: config.databaseAcquireTimeoutMs,
-      idleTimeoutMillis: 30_000,
       statement_timeout: config.databaseStatementTimeoutMs,
       // Client-side: a server that has gone dark never sends the statement_timeout error.
       query_timeout: config.databaseQueryTimeoutMs,
       // UTC, so every timestamptz arrives as `…+00` (isoFromTimestamptz).
       options: `-c TimeZone=UTC${config.databaseSchema !== undefined ? ` -c search_path=${config.databaseSchema}` : ''}`
-    })
+    }
+    // The pipelines are taken out of DATABASE_POOL_SIZE, which stays the instance's number of connections; one at least stays pooled.
+    const pipelineCount = Math.max(0, Math.min(config.databaseReadPipelines ?? 0, config.databasePoolSize - 1))
+    const pool = new Pool({ ...connection, max: config.databasePoolSize - pipelineCount, idleTimeoutMillis: IDLE_CONNECTION_MS })
     // An idle client losing its server must not crash the process; the next query reports it.
     pool.on('error', () => {})
     // Nor one in use: pg-pool listens for errors only on idle clients, and the
     // query in flight is failed anyway (and the client dropped on release).
     pool.on('connect', (client) => { client.on('error', () => {}) })
-    return discardingStalled(pool)
+    const pipelines = pipelineCount > 0
+      ? new ReadPipelines(() => new Client({ ...connection, pipeline: true }), pipelineCount)
+      : undefined
+    reads.pipelines = pipelines
+    return discardingStalled(pool, pipelines)
   }
-  const reads: DirectReads = { pool: undefined }
+  const reads: DirectReads = { pool: undefined, pipelines: undefined }
   const pool = async (): Promise<PostgresPool> => (reads.pool = await openPool())
   return new Kysely<Database>({ dialect: new DirectReadsDialect({ pool }, reads) })
 }
 
-/** The pool Kysely opened for this database, once it has (Kysely ends it when the database is destroyed). */
-interface DirectReads { pool: PostgresPool | undefined }
+/** How long an unused connection is kept open, in the pool and among the read pipelines. */
+const IDLE_CONNECTION_MS = 30_000
+
+/** The pool Kysely opened for this database, once it has (Kysely ends it when the database is destroyed), and the read pipelines opened with it. */
+interface DirectReads { pool: PostgresPool | undefined, pipelines: ReadPipelines | undefined }
 const directReads = new WeakMap<object, DirectReads>()
 
 /** Registers each database's pool under its adapter, which every handle made from it (withPlugin, transactions) shares. */
@@ -486,16 +494,154 @@ class DirectReadsDialect extends PostgresDialect {
  * through it against 318, 251, 254 without, three interleaved rounds;
  * bench/README.md, "Issue 20: the uncached page on PostgreSQL").
  */
-export async function queryDirect (db: Kysely<any>, text: string, parameters: readonly unknown[]): Promise<unknown[] | undefined> {
+export async function queryDirect (db: Kysely<any>, text: string, parameters: readonly unknown[], options: { pipelined: boolean }): Promise<unknown[] | undefined> {
   if (db.isTransaction) return undefined
-  const pool = directReads.get(db.getExecutor().adapter)?.pool
-  if (pool === undefined) return undefined
-  const connection = await pool.connect()
+  const reads = directReads.get(db.getExecutor().adapter)
+  if (reads?.pool === undefined) return undefined
+  if (options.pipelined && reads.pipelines !== undefined) return await reads.pipelines.query(text, parameters)
+  const connection = await reads.pool.connect()
   try {
     const result = await connection.query(text, parameters)
     return result.rows
   } finally {
     connection.release()
+  }
+}
+
+interface ReadPipeline {
+  client: pg.Client
+  /** Settles once the connection is open; rejects (and the pipeline is dropped) if it cannot be. */
+  ready: Promise<void>
+  open: boolean
+  /** Statements sent and not yet answered. */
+  inFlight: number
+  lastUsedAt: number
+  /** Writes are held until the end of this turn of the event loop (#gather). */
+  gathering: boolean
+}
+
+/**
+ * PostgreSQL: a few connections in pg's pipeline mode, for the short reads of
+ * db/prepared.ts outside transactions (the credential check, the users page,
+ * the change stamp): each statement is written behind those still being
+ * answered instead of waiting for a connection of its own. Under load a
+ * backend then reads several statements per wake-up and answers them back to
+ * back, and the server takes several answers per read, without the pool's
+ * check-out, release and idle timer.
+ *
+ * Measured on this 2-core VM (bench/README.md, "Issue 20: pipelined reads";
+ * the same build with DATABASE_READ_PIPELINES=0 and 4, six interleaved
+ * rounds): the uncached page of 50 cost 551–884 µs of CPU per page, server
+ * and backends together, through the pool of 10; 354–492 µs with 4 of the 10
+ * pipelined (0.55 to 0.83 of it, median about 0.6).
+ *
+ * A statement waits behind the ones written before it on its connection, so
+ * only reads that neither lock nor write come here (prepared.ts decides), and
+ * never the searches planned for their values, which may take milliseconds:
+ * a row lock or a slow plan would hold up every read behind it. A new
+ * statement goes to an idle connection if there is one, else to a new one
+ * while fewer than `size` are open, else to the one with the fewest
+ * statements in flight. A connection that fails or times out (pg closes a
+ * pipelined connection whose statement outlives query_timeout, failing the
+ * statements behind it) is dropped, and the next statement opens another;
+ * one unused for IDLE_CONNECTION_MS is closed.
+ */
+class ReadPipelines {
+  readonly #slots: Array<ReadPipeline | undefined>
+  readonly #connect: () => pg.Client
+  readonly #idleCheck: NodeJS.Timeout
+  #ended = false
+
+  constructor (connect: () => pg.Client, size: number) {
+    this.#connect = connect
+    this.#slots = new Array<ReadPipeline | undefined>(size).fill(undefined)
+    this.#idleCheck = setInterval(() => { this.#closeIdle(Date.now()) }, IDLE_CONNECTION_MS / 3).unref()
+  }
+
+  async query (text: string, parameters: readonly unknown[]): Promise<unknown[]> {
+    if (this.#ended) throw new Error('Client was closed and is not queryable')
+    const pipeline = this.#pick()
+    pipeline.inFlight++
+    pipeline.lastUsedAt = Date.now()
+    try {
+      if (!pipeline.open) await pipeline.ready
+      this.#gather(pipeline)
+      const result = await pipeline.client.query({ name: statementName(text), text, values: parameters as unknown[] })
+      return result.rows
+    } finally {
+      pipeline.inFlight--
+    }
+  }
+
+  async end (): Promise<void> {
+    this.#ended = true
+    clearInterval(this.#idleCheck)
+    // pg ends a pipelined connection once the statements written on it are answered.
+    await Promise.all(this.#slots.map(async (pipeline, i) => {
+      this.#slots[i] = undefined
+      await pipeline?.client.end().catch(() => {})
+    }))
+  }
+
+  #pick (): ReadPipeline {
+    let least: ReadPipeline | undefined
+    let empty = -1
+    for (let i = 0; i < this.#slots.length; i++) {
+      const pipeline = this.#slots[i]
+      if (pipeline === undefined) {
+        if (empty === -1) empty = i
+      } else if (pipeline.inFlight === 0) {
+        return pipeline
+      } else if (least === undefined || pipeline.inFlight < least.inFlight) {
+        least = pipeline
+      }
+    }
+    if (empty !== -1) return this.#open(empty)
+    return least!
+  }
+
+  #open (slot: number): ReadPipeline {
+    const client = this.#connect()
+    const pipeline: ReadPipeline = { client, ready: Promise.resolve(), open: false, inFlight: 0, lastUsedAt: Date.now(), gathering: false }
+    const drop = (): void => {
+      if (this.#slots[slot] === pipeline) this.#slots[slot] = undefined
+    }
+    // pg fails the statements in flight itself; the connection is only taken out of use.
+    client.on('error', drop)
+    client.on('end', drop)
+    pipeline.ready = client.connect().then(() => { pipeline.open = true }, (error: unknown) => {
+      drop()
+      throw error
+    })
+    // Awaited by the statements that wait for it; this keeps a failed open from being an unhandled rejection meanwhile.
+    pipeline.ready.catch(() => {})
+    this.#slots[slot] = pipeline
+    return pipeline
+  }
+
+  /**
+   * Holds this connection's writes until the event loop has handled every
+   * socket that was ready (setImmediate runs after that phase), so that the
+   * statements of all the requests read in one turn go out in one write.
+   */
+  #gather (pipeline: ReadPipeline): void {
+    if (pipeline.gathering) return
+    const stream = pipeline.client.connection.stream
+    pipeline.gathering = true
+    stream.cork()
+    setImmediate(() => {
+      pipeline.gathering = false
+      stream.uncork()
+    })
+  }
+
+  #closeIdle (now: number): void {
+    for (let i = 0; i < this.#slots.length; i++) {
+      const pipeline = this.#slots[i]
+      if (pipeline === undefined || pipeline.inFlight > 0 || now - pipeline.lastUsedAt < IDLE_CONNECTION_MS) continue
+      this.#slots[i] = undefined
+      pipeline.client.end().catch(() => {})
+    }
   }
 }
 
@@ -543,7 +689,7 @@ const QUERY_TIMEOUT = 'Query read timeout'
  * Later queries on it (a transaction's ROLLBACK) fail at once with the same
  * error instead of waiting out another timeout, and releasing it closes it.
  */
-function discardingStalled (pool: pg.Pool): PostgresPool {
+function discardingStalled (pool: pg.Pool, pipelines: ReadPipelines | undefined): PostgresPool {
   return {
     connect: async () => {
       const client = await pool.connect()
@@ -561,7 +707,7 @@ function discardingStalled (pool: pg.Pool): PostgresPool {
       // Kysely's overloads include cursors, which nothing here uses.
       return { query: query as unknown as PostgresPoolClient['query'], release: () => { client.release(stalled) } }
     },
-    end: async () => { await pool.end() }
+    end: async () => { await Promise.all([pipelines?.end(), pool.end()]) }
   }
 }
 

@@ -1,9 +1,14 @@
-import { CompiledQuery, type Compilable } from 'kysely'
+import { CompiledQuery, SelectQueryNode, type Compilable, type RootOperationNode } from 'kysely'
 import { isPostgres, PREPARE_MARK, queryDirect, type Db } from './database.ts'
 
 const SENTINEL = '\u0000gatehouse-param:'
 
-interface Template { sql: string, slots: Array<{ name: string } | { value: unknown }> }
+interface Template {
+  sql: string
+  slots: Array<{ name: string } | { value: unknown }>
+  /** PostgreSQL: may be written on a read pipeline (database.ts ReadPipelines). */
+  pipelined: boolean
+}
 
 /*
  * Keyed by the dialect's adapter, which a Kysely instance shares with its
@@ -59,11 +64,14 @@ export async function executePrepared<Row> (
   let template = perDb.get(key)
   if (template === undefined) {
     const compiled = build(name => SENTINEL + name).compile()
+    const named = isPostgres(db) && options.serverPrepared !== false
     template = {
       // PostgreSQL: also a named prepared statement on each connection, so it is parsed and planned once there.
-      sql: isPostgres(db) && options.serverPrepared !== false ? PREPARE_MARK + compiled.sql : compiled.sql,
+      sql: named ? PREPARE_MARK + compiled.sql : compiled.sql,
       slots: compiled.parameters.map(p =>
-        typeof p === 'string' && p.startsWith(SENTINEL) ? { name: p.slice(SENTINEL.length) } : { value: p })
+        typeof p === 'string' && p.startsWith(SENTINEL) ? { name: p.slice(SENTINEL.length) } : { value: p }),
+      // Planned once, so short; and neither locking nor writing, so nothing written behind it waits for a lock.
+      pipelined: named && isPlainRead(compiled.query)
     }
     perDb.set(key, template)
   }
@@ -73,9 +81,14 @@ export async function executePrepared<Row> (
     return values[slot.name]
   })
   if (isPostgres(db)) {
-    const rows = await queryDirect(db, template.sql, parameters)
+    const rows = await queryDirect(db, template.sql, parameters, { pipelined: template.pipelined })
     if (rows !== undefined) return rows as Row[]
   }
   const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))
   return result.rows
+}
+
+/** One SELECT without a WITH clause (where a write may hide: data-modifying CTEs) or a locking clause (FOR UPDATE and the like). */
+function isPlainRead (query: RootOperationNode): boolean {
+  return SelectQueryNode.is(query) && query.with === undefined && query.endModifiers === undefined
 }
