@@ -1,10 +1,29 @@
+import { existsSync } from 'node:fs'
 import { mkdtemp, rm } from 'node:fs/promises'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
+import type { TestContext } from 'node:test'
 import { chromium, type BrowserContext, type Page } from 'playwright-core'
 
 /** Debian's Chromium; Playwright's own browser download is not reachable from here. */
 export const CHROMIUM = '/usr/bin/chromium'
+
+/**
+ * Skips the test, and says so, where the browser tests do not run: without
+ * Chromium, or with TEST_BROWSER=off (CI runs them on its first Node only,
+ * .ci/run: the page is the same page whichever Node serves it).
+ */
+export function browserSkipped (t: TestContext): boolean {
+  if (process.env.TEST_BROWSER === 'off') {
+    t.skip('TEST_BROWSER=off')
+    return true
+  }
+  if (!existsSync(CHROMIUM)) {
+    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
+    return true
+  }
+  return false
+}
 
 export interface Browser { context: BrowserContext, page: Page, close: () => Promise<void> }
 

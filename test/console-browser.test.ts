@@ -1,13 +1,12 @@
 import { strict as assert } from 'node:assert'
 import { randomBytes } from 'node:crypto'
-import { existsSync } from 'node:fs'
 import { mkdir } from 'node:fs/promises'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
 import { AxeBuilder } from '@axe-core/playwright'
 import { generate } from 'otplib'
 import type { Page } from 'playwright-core'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
 
@@ -38,10 +37,7 @@ async function inspect (page: Page, name: string, dialect: string, cspErrors: st
 
 for (const dialect of dialects()) {
   test(`admin console in Chromium: the seed's workflows, keys, a conflict, a second-factor reset, filtered events, a refusal, accessibility (${dialect.name})`, { timeout: 180_000 }, async (t) => {
-    if (!existsSync(CHROMIUM)) {
-      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-      return
-    }
+    if (browserSkipped(t)) return
     await mkdir(ARTIFACTS, { recursive: true })
     const { app, adminKey } = await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
     let browser: Browser | undefined
@@ -281,10 +277,7 @@ for (const dialect of dialects()) {
 
 for (const dialect of dialects()) {
   test(`admin console in Chromium: a webhook endpoint added, pinged, its attempts listed and a delivery retried (${dialect.name})`, { timeout: 180_000 }, async (t) => {
-    if (!existsSync(CHROMIUM)) {
-      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-      return
-    }
+    if (browserSkipped(t)) return
     await mkdir(ARTIFACTS, { recursive: true })
     // The receiver is on 127.0.0.1; a failed delivery waits a minute for its retry, so the page can show it pending.
     const { app, adminKey } = await createTestApp(dialect, { webhookAllowPrivate: true, webhookPollIntervalMs: 50, webhookRetryBaseMs: 60_000, webhookTimeoutMs: 2000 })

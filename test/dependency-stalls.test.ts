@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net'
 import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
-import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, eventually, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
 import { NO_REDIS, TEST_REDIS_URL, testRedisAddress, testRedisUrlVia } from './redis.ts'
 
 /**
@@ -118,20 +118,6 @@ function assertUnavailable (res: LightMyRequestResponse, code: 'database_unavail
   assert.match(res.headers['content-type'] as string, /^application\/problem\+json/)
   assert.equal(res.json().code, code)
   assert.match(String(res.headers['retry-after']), /^\d+$/)
-}
-
-/** Repeats `attempt` until it passes or `withinMs` has gone by: reconnecting takes a moment. */
-async function eventually (withinMs: number, attempt: () => Promise<void>): Promise<void> {
-  const deadline = Date.now() + withinMs
-  for (;;) {
-    try {
-      await attempt()
-      return
-    } catch (error) {
-      if (Date.now() > deadline) throw error
-      await new Promise(resolve => setTimeout(resolve, 100))
-    }
-  }
 }
 
 /**

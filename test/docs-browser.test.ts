@@ -1,18 +1,14 @@
 import { strict as assert } from 'node:assert'
-import { existsSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 
 // The docs page is the subject here, not the database: SQLite is enough.
 const dialect = dialects()[0]!
 
 test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
 
   const { app, adminKey } = await createTestApp(dialect)
   let browser: Browser | undefined

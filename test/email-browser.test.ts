@@ -1,9 +1,8 @@
 import { strict as assert } from 'node:assert'
-import { existsSync } from 'node:fs'
 import { after, test } from 'node:test'
 import { AxeBuilder } from '@axe-core/playwright'
 import type { Page } from 'playwright-core'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 import { freePort } from './ports.ts'
 import { SmtpTestServer } from './smtp-server.ts'
@@ -22,10 +21,7 @@ async function assertAccessible (page: Page, name: string): Promise<void> {
 }
 
 test(`Chromium follows the mailed links: accepts an invitation and signs in, then resets the password from "Forgot password?" and changes the address (${dialect.name})`, { timeout: 180_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
   const port = await freePort()
   const origin = `http://localhost:${port}`
   const { app, adminKey } = await createTestApp(dialect, {

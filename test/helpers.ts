@@ -89,3 +89,27 @@ export function uniqueName (stem = 'user'): string {
 }
 
 export const GOOD_PASSWORD = 'correct horse battery staple'
+
+/** Repeats `attempt` until it passes or `withinMs` has gone by (reconnecting takes a moment); its last failure if it never does. */
+export async function eventually (withinMs: number, attempt: () => Promise<void>): Promise<void> {
+  const deadline = Date.now() + withinMs
+  for (;;) {
+    try {
+      await attempt()
+      return
+    } catch (error) {
+      if (Date.now() > deadline) throw error
+      await new Promise(resolve => setTimeout(resolve, 100))
+    }
+  }
+}
+
+/**
+ * Why the suites that kill a running service with SIGKILL skip, or false
+ * when they run: TEST_CRASH=off (CI runs them on its first Node only,
+ * .ci/run: what they test is the database's durability and gatehouse's
+ * recovery, not the Node version).
+ */
+export function crashTestsSkipped (): string | false {
+  return process.env.TEST_CRASH === 'off' ? 'TEST_CRASH=off' : false
+}

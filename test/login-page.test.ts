@@ -1,10 +1,9 @@
 import assert from 'node:assert/strict'
-import { existsSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { ConfigError, loadConfig } from '../src/config.ts'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 
 const ORIGIN = 'http://localhost:80'
@@ -157,10 +156,7 @@ describe('LOGIN_DEFAULT_NEXT', () => {
 
 describe('the signed-in page in a real browser', () => {
   it('signs in, shows who is signed in under its CSP, and signs out with the button', { timeout: 60_000 }, async (t) => {
-    if (!existsSync(CHROMIUM)) {
-      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-      return
-    }
+    if (browserSkipped(t)) return
     const app = await createTestApp(dialects()[0]!)
     let browser: Browser | undefined
     try {

@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url'
 import { after, describe, it } from 'node:test'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
-import { dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
+import { crashTestsSkipped, dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
 import { waitFor } from './webhook-receiver.ts'
 import { freePort } from './ports.ts'
 import { SmtpTestServer } from './smtp-server.ts'
@@ -40,7 +40,7 @@ async function waitReady (base: string): Promise<void> {
 }
 
 for (const dialect of dialects()) {
-  describe(`mail survives kill -9 (${dialect.name})`, () => {
+  describe(`mail survives kill -9 (${dialect.name})`, { skip: crashTestsSkipped() }, () => {
     const schema = `gh_mailcrash_${randomBytes(5).toString('hex')}`
     const databaseUrl = dialect.url ?? `sqlite:${join(tmp, `${schema}.db`)}`
     const children: ChildProcess[] = []

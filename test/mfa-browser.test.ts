@@ -1,11 +1,10 @@
 import { strict as assert } from 'node:assert'
 import { randomBytes } from 'node:crypto'
-import { existsSync } from 'node:fs'
 import { readFile } from 'node:fs/promises'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
 import { generate } from 'otplib'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 
 // The pages and the browser's WebAuthn are the subject here, not the database: SQLite is enough.
@@ -16,10 +15,7 @@ async function codeAt (secret: string, steps: number): Promise<string> {
 }
 
 test(`second factors in Chromium: enrol TOTP and a passkey on the account page, sign in with each (${dialect.name})`, { timeout: 120_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
   const { app, adminKey } = await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
   let browser: Browser | undefined
   try {
@@ -119,10 +115,7 @@ test(`second factors in Chromium: enrol TOTP and a passkey on the account page, 
 })
 
 test(`account page in Chromium: a mistyped set-up code keeps the key, recovery codes copy and download, an old session confirms it is you (${dialect.name})`, { timeout: 120_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
   const { app, adminKey, config } = await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32) })
   let browser: Browser | undefined
   try {

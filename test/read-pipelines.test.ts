@@ -4,7 +4,7 @@ import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import { loadConfig } from '../src/config.ts'
-import { auth, createTestApp, dialects, uniqueName, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, eventually, uniqueName, type TestApp } from './helpers.ts'
 
 const postgres = dialects().find(d => d.name === 'postgres')
 const PAGE = 10
@@ -50,19 +50,6 @@ async function withClient<T> (work: (client: pg.Client) => Promise<T>): Promise<
 async function pageBackends (applicationName: string): Promise<number[]> {
   return await withClient(async client => (await client.query<{ pid: number }>(
     'select pid from pg_stat_activity where application_name = $1 and query like $2', [applicationName, PAGE_STATEMENT])).rows.map(row => row.pid))
-}
-
-async function eventually (withinMs: number, attempt: () => Promise<void>): Promise<void> {
-  const deadline = Date.now() + withinMs
-  for (;;) {
-    try {
-      await attempt()
-      return
-    } catch (error) {
-      if (Date.now() > deadline) throw error
-      await new Promise(resolve => setTimeout(resolve, 50))
-    }
-  }
 }
 
 describe('DATABASE_READ_PIPELINES', () => {

@@ -1,8 +1,7 @@
 import { strict as assert } from 'node:assert'
-import { existsSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
 
 // The page, its CSP and the browser's form posts are the subject here, not the database: SQLite is enough.
@@ -10,10 +9,7 @@ const dialect = dialects()[0]!
 const SAFARI_IPHONE = 'Mozilla/5.0 (iPhone; CPU iPhone OS 17_1 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.1 Mobile/15E148 Safari/604.1'
 
 test(`account page in Chromium: "Where you're signed in" lists this browser and a phone, and End signs the phone out (${dialect.name})`, { timeout: 120_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
   const { app, adminKey } = await createTestApp(dialect)
   let browser: Browser | undefined
   try {

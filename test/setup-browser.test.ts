@@ -1,17 +1,13 @@
 import { strict as assert } from 'node:assert'
-import { existsSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
 import { AxeBuilder } from '@axe-core/playwright'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { createTestApp, dialects, GOOD_PASSWORD } from './helpers.ts'
 
 for (const dialect of dialects()) {
   test(`a fresh deployment in Chromium: from /auth to the set-up page, the printed key becomes a signed-in console admin (${dialect.name})`, { timeout: 120_000 }, async (t) => {
-    if (!existsSync(CHROMIUM)) {
-      t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-      return
-    }
+    if (browserSkipped(t)) return
     const { app, adminKey } = await createTestApp(dialect)
     let browser: Browser | undefined
     try {

@@ -1,9 +1,8 @@
 import { strict as assert } from 'node:assert'
 import { randomBytes } from 'node:crypto'
-import { existsSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
-import { CHROMIUM, launchChromium, type Browser } from './browser.ts'
+import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, uniqueName } from './helpers.ts'
 import { startTestOp, type TestOp } from './oidc-op.ts'
 
@@ -11,10 +10,7 @@ import { startTestOp, type TestOp } from './oidc-op.ts'
 const dialect = dialects()[0]!
 
 test(`OpenID Connect in Chromium: "Sign in with" on /auth/login, the provider's login page, back signed in (${dialect.name})`, { timeout: 120_000 }, async (t) => {
-  if (!existsSync(CHROMIUM)) {
-    t.skip(`${CHROMIUM} is missing; install Debian's chromium package to run this test (CI does)`)
-    return
-  }
+  if (browserSkipped(t)) return
   // The provider runs on loopback, an internal address: a provider made through the API needs the SSRF guard's opt-out there.
   const { app, adminKey } = await createTestApp(dialect, { mfaEncryptionKey: randomBytes(32), webhookAllowPrivate: true })
   let op: TestOp | undefined

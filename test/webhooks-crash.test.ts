@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url'
 import { after, describe, it } from 'node:test'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
-import { dialects, dropSchema } from './helpers.ts'
+import { crashTestsSkipped, dialects, dropSchema } from './helpers.ts'
 import { Receiver, waitFor } from './webhook-receiver.ts'
 import { freePort } from './ports.ts'
 
@@ -39,7 +39,7 @@ async function waitReady (base: string): Promise<void> {
 }
 
 for (const dialect of dialects()) {
-  describe(`webhooks survive kill -9 (${dialect.name})`, () => {
+  describe(`webhooks survive kill -9 (${dialect.name})`, { skip: crashTestsSkipped() }, () => {
     const schema = `gh_crash_${randomBytes(5).toString('hex')}`
     const databaseUrl = dialect.url ?? `sqlite:${join(tmp, `${schema}.db`)}`
     const children: ChildProcess[] = []
