@@ -104,6 +104,26 @@ for (const dialect of dialects()) {
       assert.equal(await listedText(), await expected())
     })
 
+    it('never shows a change a transaction still in progress has made, even to a page read while it is open', async () => {
+      const username = uniqueName('pending')
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, first_name: 'Committed' } })
+      assert.equal(created.statusCode, 201, created.body)
+      const id = created.json().id as string
+      const firstNameListed = async (read: Promise<ListedUser[]>): Promise<string | null | undefined> => (await read).find(user => user.id === id)?.first_name
+      assert.equal(await firstNameListed(pageTwice(t)), 'Committed')
+      let readDuring: Promise<ListedUser[]> | undefined
+      await assert.rejects(t.app.db.transaction().execute(async trx => {
+        await sql`update users set first_name = 'Uncommitted', user_json = null where id = ${id}`.execute(trx)
+        readDuring = page(t)
+        // On SQLite the read waits for the one connection until the transaction ends; either way it has had
+        // every chance to run inside it before the transaction is rolled back.
+        await Promise.race([readDuring.catch(() => {}), new Promise(resolve => setTimeout(resolve, 300))])
+        throw new Error('rolled back by the test')
+      }), /rolled back by the test/)
+      assert.equal(await firstNameListed(readDuring!), 'Committed')
+      assert.equal(await firstNameListed(page(t)), 'Committed')
+    })
+
     it('answers filters given in any order with the same page, and different filters with their own', async () => {
       const username = uniqueName('filtered')
       const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, role: 'user', first_name: 'Filtered' } })
