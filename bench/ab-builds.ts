@@ -26,6 +26,16 @@
  * AB_A=dist/server.js AB_ENV_A=DATABASE_READ_PIPELINES=0). AB_NODE_ARGS_A,
  * AB_NODE_ARGS_B: node options for that server, separated by spaces
  * (`--max-semi-space-size=64`).
+ * AB_PAIRED=1: in each round both builds at once, each at AB_RATE requests a
+ * second (1000) on its own connections, so that the machine's swings between
+ * one measurement and the next fall on both alike. On 28 November, in a noisy
+ * state of this VM, interleaved rounds of two builds read B/A 0.75 to 1.15;
+ * paired, 1.00 to 1.07. But paired rounds lean: the same build against itself
+ * (AB_A=dist/server.js) read 0.96 to 1.08, median 1.05. Run that control in
+ * the same sitting and read a change against it; a few percent is not
+ * resolved either way. The rate must leave both servers short of saturation,
+ * where their CPU per response is a little higher than at saturation (fewer
+ * requests share each turn of the event loop).
  * AB_SEPARATE_FILES=1 (SQLite): each build on a file of its own, migrated by
  * that build's server as it starts and seeded alike after, for builds whose
  * migrations differ (one file would carry a migration the other build does
@@ -40,7 +50,7 @@ import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { dropSchema, seedPostgres } from './issue-rows.ts'
 import { backendPids, uncachedPaths } from './uncached-page.ts'
 import {
-  childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child
+  childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child, type LoadRun
 } from './harness.ts'
 
 const settings = {
@@ -51,7 +61,9 @@ const settings = {
   only: process.env.AB_ONLY,
   profile: process.env.AB_PROF,
   postgresUrl: process.env.AB_PG_URL,
-  separateFiles: process.env.AB_SEPARATE_FILES === '1'
+  separateFiles: process.env.AB_SEPARATE_FILES === '1',
+  paired: process.env.AB_PAIRED === '1',
+  rate: envInt('AB_RATE', 1000)
 }
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
@@ -138,9 +150,15 @@ async function compare (database: Record<'A' | 'B', { env: Record<string, string
   for (let round = 0; round < settings.rounds; round++) {
     for (const kind of KINDS) {
       if (settings.only !== undefined && settings.only !== kind) continue
-      for (const name of round % 2 === 0 ? ['A', 'B'] as const : ['B', 'A'] as const) {
+      const names = round % 2 === 0 ? ['A', 'B'] as const : ['B', 'A'] as const
+      const measure = async (name: 'A' | 'B'): Promise<LoadRun> => {
         const { child, base, backends } = servers.get(name)!
-        const m = await measureLoad(`${name} ${kind}`, child, loadOf(base, kind), settings.timing, backends)
+        const load = settings.paired ? { ...loadOf(base, kind), overallRate: settings.rate } : loadOf(base, kind)
+        return await measureLoad(`${name} ${kind}`, child, load, settings.timing, backends)
+      }
+      const paired = settings.paired ? await Promise.all(names.map(measure)) : undefined
+      for (const [i, name] of names.entries()) {
+        const m = paired?.[i] ?? await measure(name)
         if (m.result.non2xx > 0 || m.result.errors > 0 || m.serverCpu === null) throw new Error(`${name} ${kind}: ${m.result.non2xx} non-2xx, ${m.result.errors} errors`)
         const backendUs = m.companionCpu?.usPerRequest ?? 0
         const list = usPerRequest.get(`${name} ${kind}`) ?? []

@@ -67,7 +67,8 @@ export interface Child {
 const children: Child[] = []
 let tmpDir: string | undefined
 let keepTmp = false
-let cannon: autocannon.Instance | undefined
+/** The autocannon runs in progress (bench/ab-builds.ts's AB_PAIRED runs two at once). */
+const cannons = new Set<autocannon.Instance>()
 let stopping = false
 let cleanedUp: Promise<void> | undefined
 
@@ -161,7 +162,7 @@ export async function stopChild (child: Child): Promise<void> {
 export async function cleanUp (): Promise<void> {
   cleanedUp ??= (async () => {
     stopping = true
-    cannon?.stop()
+    for (const running of cannons) running.stop()
     await Promise.all(children.map(stopChild))
     if (tmpDir !== undefined) {
       if (keepTmp) log(`kept ${tmpDir} (BENCH_KEEP_TMP)`)
@@ -260,11 +261,12 @@ export function machineBusySeconds (): number | undefined {
 /** autocannon as a promise, kept where clean-up can stop it when the run is interrupted. */
 export async function runCannon (options: autocannon.Options): Promise<autocannon.Result> {
   return await new Promise((resolve, reject) => {
-    cannon = autocannon(options, (err, result) => {
-      cannon = undefined
+    const running = autocannon(options, (err, result) => {
+      cannons.delete(running)
       if (err !== null && err !== undefined) reject(err instanceof Error ? err : new Error(String(err)))
       else resolve(result)
     })
+    cannons.add(running)
   })
 }
 
