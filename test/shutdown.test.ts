@@ -11,6 +11,7 @@ import { after, before, describe, it } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { dialects, dropSchema } from './helpers.ts'
 import { freePort } from './ports.ts'
+import { waitFor } from './webhook-receiver.ts'
 import { SHUTDOWN_CAP_MS } from '../src/server.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
@@ -29,14 +30,6 @@ interface Service {
   exited: () => boolean
   /** Ends the process if a test left it running (a hung shutdown), and removes what it made. */
   cleanUp: () => Promise<void>
-}
-
-async function poll (what: string, deadlineMs: number, check: () => boolean | Promise<boolean>): Promise<void> {
-  const deadline = Date.now() + deadlineMs
-  while (!await check()) {
-    assert.ok(Date.now() < deadline, `${what}: not within ${deadlineMs} ms`)
-    await new Promise(resolve => setTimeout(resolve, 25))
-  }
 }
 
 /** Starts dist/server.js, as `npm start` does, with stdout and stderr piped to this process; resolves once it serves. */
@@ -79,10 +72,10 @@ async function startService (dialect: { name: string, url?: string }, dir: strin
     }
   }
   try {
-    await poll('the serving line', 30_000, () => {
+    await waitFor('the serving line', () => {
       assert.ok(!exited(), `dist/server.js exited: ${stdout}${stderr}`)
       return stdout.includes('"msg":"gatehouse is serving"')
-    })
+    }, 30_000)
   } catch (error) {
     await service.cleanUp()
     throw error
@@ -126,7 +119,7 @@ async function listenerClosed (port: number): Promise<boolean> {
 
 async function expectExitWithinCap (service: Service): Promise<void> {
   const signalled = Date.now()
-  await poll(`exit after SIGTERM (stderr: ${service.stderr()})`, SHUTDOWN_CAP_MS + EXIT_MARGIN_MS, () => service.exited())
+  await waitFor(`exit after SIGTERM (stderr: ${service.stderr()})`, () => service.exited(), SHUTDOWN_CAP_MS + EXIT_MARGIN_MS)
   assert.ok(Date.now() - signalled <= SHUTDOWN_CAP_MS + EXIT_MARGIN_MS)
 }
 
@@ -149,17 +142,17 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
       const service = await startService(dialect, dir)
       const load = startLoad(service, 8)
       try {
-        await poll('requests answered under load', 10_000, () => load.answered() >= 50)
+        await waitFor('requests answered under load', () => load.answered() >= 50, 10_000)
         service.child.stdout.destroy()
         // Lines keep coming: the ones written after this are counted, and the service keeps serving.
         let dropped: number | undefined
-        await poll('a count of dropped log lines', 10_000, async () => {
+        await waitFor('a count of dropped log lines', async () => {
           dropped = await droppedLines(service)
           return dropped !== undefined && dropped > 0
-        })
+        }, 10_000)
         assert.ok(!service.exited())
         const before = load.answered()
-        await poll('requests answered after stdout went away', 10_000, () => load.answered() > before + 20)
+        await waitFor('requests answered after stdout went away', () => load.answered() > before + 20, 10_000)
 
         service.child.kill('SIGTERM')
         await expectExitWithinCap(service)
@@ -179,7 +172,7 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
       // Log lines of some 2 KiB each (the query string is logged): 200 of them are more than the pipe and that buffer hold.
       const load = startLoad(service, 8, 2000)
       try {
-        await poll('requests answered with stdout not read', 20_000, () => load.answered() >= 200)
+        await waitFor('requests answered with stdout not read', () => load.answered() >= 200, 20_000)
         service.child.kill('SIGTERM')
         await expectExitWithinCap(service)
         assert.equal(service.child.exitCode, 0, service.stderr())
@@ -203,10 +196,10 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
         socket.write(`POST /auth/api/users HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer ${service.key}\r\n` +
           `Content-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nExpect: 100-continue\r\n\r\n`)
         socket.write(body.slice(0, 5))
-        await poll('the server reading the request', 10_000, () => answer.startsWith('HTTP/1.1 100 Continue'))
+        await waitFor('the server reading the request', () => answer.startsWith('HTTP/1.1 100 Continue'), 10_000)
 
         service.child.kill('SIGTERM')
-        await poll('the listener closing', 10_000, async () => await listenerClosed(service.port))
+        await waitFor('the listener closing', async () => await listenerClosed(service.port), 10_000)
         assert.ok(!service.exited(), 'the shutdown waits for the request in flight')
         service.child.stdout.destroy()
         // The request ends and writes its log line, to a stdout nobody reads any more.
