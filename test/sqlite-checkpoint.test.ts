@@ -4,8 +4,13 @@ import { mkdtempSync, rmSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { after, describe, it } from 'node:test'
+import { sql } from 'kysely'
+import { buildApp } from '../src/app.ts'
+import { loadConfig } from '../src/config.ts'
+import { WAL_SIZE_LIMIT_BYTES } from '../src/db/database.ts'
 import { Sqlite } from '../src/db/sqlite-binding.ts'
 import { checkpointInBackground } from '../src/db/sqlite-checkpoint.ts'
+import { eventually } from './helpers.ts'
 
 /*
  * SQLite only: PostgreSQL has no WAL of ours to checkpoint. The server's
@@ -79,6 +84,30 @@ describe('SQLite checkpoints off the event loop (sqlite)', () => {
       process.off('warning', onWarning)
       checkpointer.stop()
       raw.close()
+    }
+  })
+})
+
+describe('the server\'s WAL file after a large write (sqlite)', () => {
+  it('is cut back to 64 MiB once checkpointed, instead of keeping the size of its largest write', async () => {
+    const file = join(dir, 'server.db')
+    const app = await buildApp({ config: loadConfig({ DATABASE_URL: `sqlite:${file}` }), logger: false })
+    const walBytes = (): number => statSync(`${file}-wal`).size
+    try {
+      // One transaction of about 72 MiB, as an import or an upgrade's migrations write at a million users.
+      await sql`create table bulk (body blob not null)`.execute(app.db)
+      await sql`with recursive n(i) as (select 1 union all select i + 1 from n where i < 18000) insert into bulk select randomblob(4000) from n`.execute(app.db)
+      const peak = walBytes()
+      assert.ok(peak > WAL_SIZE_LIMIT_BYTES, `the WAL reached ${peak} bytes`)
+      // The background checkpointer copies the WAL back; the first commit after it has copied all of it cuts the file.
+      await eventually(30_000, async () => {
+        await sql`insert into bulk values (x'00')`.execute(app.db)
+        assert.ok(walBytes() <= WAL_SIZE_LIMIT_BYTES, `the WAL file is still ${walBytes()} bytes`)
+      })
+      const { rows } = await sql<{ n: number }>`select count(*) as n from bulk where length(body) = 4000`.execute(app.db)
+      assert.equal(rows[0]?.n, 18000)
+    } finally {
+      await app.close()
     }
   })
 })
