@@ -11,6 +11,7 @@ import { WAL_SIZE_LIMIT_BYTES } from '../src/db/database.ts'
 import { Sqlite } from '../src/db/sqlite-binding.ts'
 import { checkpointInBackground } from '../src/db/sqlite-checkpoint.ts'
 import { eventually } from './helpers.ts'
+import { waitFor } from './webhook-receiver.ts'
 
 /*
  * SQLite only: PostgreSQL has no WAL of ours to checkpoint. The server's
@@ -35,14 +36,6 @@ function writeRows (raw: InstanceType<typeof Sqlite>, rows: number): void {
   raw.transaction(() => { for (let i = 0; i < rows; i++) insert.run(randomBytes(16).toString('hex'), randomBytes(512).toString('hex')) })()
 }
 
-async function waitFor (condition: () => boolean, what: string, withinMs = 15_000): Promise<void> {
-  const started = Date.now()
-  while (!condition()) {
-    if (Date.now() - started > withinMs) assert.fail(`timed out waiting: ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 20))
-  }
-}
-
 describe('SQLite checkpoints off the event loop (sqlite)', () => {
   it('the connection stops checkpointing, and a worker thread copies the WAL into the database file once it is big', async () => {
     const { raw, file } = openWal('worker.db')
@@ -52,7 +45,7 @@ describe('SQLite checkpoints off the event loop (sqlite)', () => {
       const before = statSync(file).size
       writeRows(raw, 200)
       assert.ok(statSync(`${file}-wal`).size >= WAL_BYTES, 'the WAL is past the threshold')
-      await waitFor(() => checkpointer.count > 0, 'a checkpoint by the worker')
+      await waitFor('a checkpoint by the worker', () => checkpointer.count > 0)
       assert.equal(checkpointer.fellBack, false)
       // Only a checkpoint moves pages from the WAL into the file, and this connection makes none.
       assert.ok(statSync(file).size > before + 100 * 1024, `the database file grew from ${before} to ${statSync(file).size} bytes`)
@@ -77,9 +70,9 @@ describe('SQLite checkpoints off the event loop (sqlite)', () => {
     const checkpointer = checkpointInBackground(raw, file, -1, WAL_BYTES)
     try {
       writeRows(raw, 200)
-      await waitFor(() => checkpointer.fellBack, 'the fall-back')
+      await waitFor('the fall-back', () => checkpointer.fellBack)
       assert.equal(raw.pragma('wal_autocheckpoint', { simple: true }), 1000)
-      await waitFor(() => warnings.some(w => w.startsWith('SQLite checkpoints are back on the event loop')), 'the warning')
+      await waitFor('the warning', () => warnings.some(w => w.startsWith('SQLite checkpoints are back on the event loop')))
     } finally {
       process.off('warning', onWarning)
       checkpointer.stop()
