@@ -4,6 +4,8 @@ import Fastify, {
   errorCodes,
   LogController,
   type FastifyBaseLogger,
+  type FastifyReply,
+  type FastifyRequest,
   type FastifyServerOptions,
   type RawReplyDefaultExpression,
   type RawRequestDefaultExpression,
@@ -130,6 +132,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const mailTemplates = config.smtpUrl !== undefined ? new MailTemplates(config.mailTemplatesDir) : undefined
   const stdoutLog = options.logStream === undefined && options.logger === undefined ? new LogDestination({ fd: 1, noticeFd: 2 }) : undefined
   const logDestination = options.logStream ?? stdoutLog!
+  const logAccess = (request: FastifyRequest, reply: FastifyReply): void => {
+    if (options.logger === undefined) {
+      const line = accessLine(request, reply)
+      if (line !== undefined) logDestination.write(line)
+    } else {
+      request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, ACCESS_MESSAGE)
+    }
+  }
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
     logger: options.logger ?? loggerOptions(config.logLevel, logDestination),
     // Unknown and read-only fields are an error, not something to drop silently.
@@ -149,7 +159,11 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     http: { requestTimeout: config.requestTimeoutMs, headersTimeout: config.requestTimeoutMs, connectionsCheckingInterval: 1000 },
     // What is refused before routing (an undecodable URL) or before a request
     // exists (oversized headers, a timeout) is answered as a problem too.
-    frameworkErrors: answerFrameworkError,
+    // No hook runs for these, so their access line is written here.
+    frameworkErrors: (error, request, reply) => {
+      answerFrameworkError(error, request, reply)
+      logAccess(request, reply)
+    },
     clientErrorHandler: answerClientError,
     // A hop count is valid at run time; Fastify's types only list the other forms.
     trustProxy: config.trustProxy as boolean | string,
@@ -288,12 +302,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('preValidation', rejectNulBytes)
 
   app.addHook('onResponse', (request, reply, done) => {
-    if (options.logger === undefined) {
-      const line = accessLine(request, reply)
-      if (line !== undefined) logDestination.write(line)
-    } else {
-      request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, ACCESS_MESSAGE)
-    }
+    logAccess(request, reply)
     // Node discards the rest of a body only when nothing began to read it. A
     // multipart upload refused part-way (a file part, too many fields) was begun
     // by busboy and then dropped: the connection stopped reading, and the

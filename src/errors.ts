@@ -402,7 +402,6 @@ export function answerFrameworkError (error: FastifyError, request: FastifyReque
   logFailure(request.log, appError, error)
   reply.headers({ ...STANDING_HEADERS, 'X-Request-Id': request.id })
   sendProblem(reply, appError)
-  request.log.info({ req: request, res: reply }, 'request completed')
 }
 
 const CLIENT_ERRORS: Record<string, [ErrorCode, number, string]> = {

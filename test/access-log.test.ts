@@ -81,6 +81,17 @@ describe('the access log line', () => {
     assert.equal(line, pinoLine(entry, '/auth/api/users?limit=2'))
   })
 
+  it('is the line pino writes, time taken included, for a request refused before routing (an undecodable path)', async () => {
+    const res = await t.app.inject({ url: '/auth/api/users/%E0%A4%A', headers: auth(t.adminKey) })
+    assert.equal(res.statusCode, 404)
+    const written = accessLinesOf(res.headers['x-request-id'] as string)
+    assert.equal(written.length, 1)
+    const entry = JSON.parse(written[0]!) as AccessEntry
+    assert.equal(entry.res.statusCode, 404)
+    assert.equal(typeof entry.responseTime, 'number')
+    assert.equal(written[0], pinoLine(entry, '/auth/api/users/%E0%A4%A'))
+  })
+
   it('is not written for a route that logs only warnings (health checks)', async () => {
     const res = await t.app.inject({ url: '/auth/healthz' })
     assert.equal(res.statusCode, 200)
