@@ -190,6 +190,25 @@ for (const dialect of dialects()) {
       assert.deepEqual(reasons, ['wrong_code', 'wrong_code'])
     })
 
+    it('opens no session for a second step begun before the password was changed or the sessions were ended', async () => {
+      const user = await createUser(t)
+      const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+      const beforeChange = await challengeOf(t, user.username)
+      const changed = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { password: 'an entirely new passphrase' } })
+      assert.equal(changed.statusCode, 200, changed.body)
+      const late = await completeMfa(t, { challenge_token: beforeChange.challenge_token, totp_code: await codeAt(secret, 1) })
+      assert.equal(late.statusCode, 401, late.body)
+      assert.equal(late.json().code, 'mfa_failed')
+
+      const again = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username: user.username, password: 'an entirely new passphrase' } })
+      assert.equal(again.statusCode, 202, again.body)
+      const ended = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/sessions`, headers: auth(t.adminKey) })
+      assert.equal(ended.statusCode, 200, ended.body)
+      const afterEnd = await completeMfa(t, { challenge_token: again.json().challenge_token, totp_code: await codeAt(secret, 1) })
+      assert.equal(afterEnd.statusCode, 401, afterEnd.body)
+      assert.equal((await t.app.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).where('ended_at', 'is', null).execute()).length, 0)
+    })
+
     it('opens one session when two requests bring the same fresh code at once', async () => {
       const user = await createUser(t)
       const { secret } = await enrolTotp(t, await sessionOf(t, user.username))

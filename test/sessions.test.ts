@@ -292,3 +292,51 @@ for (const dialect of dialects()) {
     })
   })
 }
+
+for (const dialect of dialects()) {
+  describe(`a password change racing a sign-in (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { argon2TimeCost: 3 })
+    const NEW = 'an entirely new passphrase'
+    // Each round is a race whose winner the hash queue decides: either side
+    // may finish first, and every outcome must leave the same state behind.
+    const ROUNDS = 8
+    const setPassword = async (id: string, password: string): Promise<LightMyRequestResponse> =>
+      await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${id}`, headers: auth(t.adminKey), payload: { password } })
+    const meWith = async (token: string): Promise<number> =>
+      (await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${token}` } })).statusCode
+
+    it('leaves no session the change did not end, and only the new password working, whichever finishes first', async () => {
+      const weaker = await hash(GOOD_PASSWORD, { algorithm: 2, memoryCost: 19456, timeCost: 2, parallelism: 1 })
+      for (let round = 0; round < ROUNDS; round++) {
+        const user = await createUser(t)
+        // Every other round, a hash the sign-in makes again (weaker parameters) and writes back.
+        if (round % 2 === 1) await t.app.db.updateTable('users').set({ password_hash: weaker }).where('id', '=', user.id).execute()
+        const [signedIn, changed] = await Promise.all([login(t, user.username), setPassword(user.id, NEW)])
+        assert.equal(changed.statusCode, 200, changed.body)
+        assert.ok([200, 401].includes(signedIn.statusCode), signedIn.body)
+        if (signedIn.statusCode === 200) assert.equal(await meWith(signedIn.json().token), 401, `round ${round}: a session opened with the old password outlived the change`)
+        assert.equal((await login(t, user.username)).statusCode, 401, `round ${round}: the old password still signs in`)
+        assert.equal((await login(t, user.username, NEW)).statusCode, 200, `round ${round}: the new password does not sign in`)
+      }
+    })
+
+    it('lets an admin\'s new password stand against the user\'s own change racing it', async () => {
+      const mine = 'a passphrase of my own'
+      for (let round = 0; round < ROUNDS; round++) {
+        const user = await createUser(t)
+        const signedIn = await login(t, user.username)
+        assert.equal(signedIn.statusCode, 200, signedIn.body)
+        const token = signedIn.json().token as string
+        const [own, changed] = await Promise.all([
+          t.app.inject({ method: 'PUT', url: '/auth/api/me/password', headers: { authorization: `Bearer ${token}` }, payload: { current_password: GOOD_PASSWORD, new_password: mine } }),
+          setPassword(user.id, NEW)
+        ])
+        assert.equal(changed.statusCode, 200, changed.body)
+        assert.ok([204, 401].includes(own.statusCode), own.body)
+        assert.equal(await meWith(token), 401, `round ${round}: the session outlived the admin's change`)
+        assert.equal((await login(t, user.username, mine)).statusCode, 401, `round ${round}: the user's own password replaced the admin's`)
+        assert.equal((await login(t, user.username, NEW)).statusCode, 200, `round ${round}: the admin's password does not sign in`)
+      }
+    })
+  })
+}

@@ -178,6 +178,17 @@ export async function closeChallenge (db: Db, id: string, now: string): Promise<
   return result.numUpdatedRows > 0n
 }
 
+/**
+ * Closes every open sign-in challenge of a user: a second step begun before
+ * their password changed, or their sessions were ended, must not open a
+ * session afterwards.
+ */
+export async function closeSignInChallengesOfUser (db: Db, userId: string, now: string): Promise<void> {
+  await db.updateTable('mfa_challenges').set({ used_at: now })
+    .where('user_id', '=', userId).where('purpose', '=', 'sign_in').where('used_at', 'is', null)
+    .execute()
+}
+
 /** Closes the open WebAuthn ceremony with this challenge and returns it (once; null for anyone else). */
 export async function takeWebauthnChallenge (db: Db, purpose: 'register' | 'passkey', challenge: string, userId: string | null, now: string) {
   return await db.updateTable('mfa_challenges').set({ used_at: now })

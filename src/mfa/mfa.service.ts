@@ -72,16 +72,19 @@ export async function secondFactorNeeded (deps: MfaDeps, user: UserRow): Promise
 /**
  * Instead of a session: a short-lived, single-use challenge token, stored as
  * its digest like a session's. A password hash due for an upgrade is
- * replaced here, while the password is at hand.
+ * replaced here, while the password is at hand. `within` runs first in the
+ * transaction (the password flow's check that the password is still theirs);
+ * throwing there opens nothing.
  */
 export async function openSignInChallenge (
   deps: MfaDeps, ctx: SignInContext, user: UserRow, need: { methods: MfaMethod[], enrol: boolean }, rehash: string | undefined, now: Date,
-  opened: SignInOpening
+  opened: SignInOpening, within?: (trx: Db) => Promise<void>
 ): Promise<MfaPending> {
   const token = randomSecret(MFA_TOKEN_PREFIX)
   const id = newId()
   const expiresAt = new Date(now.getTime() + CHALLENGE_MS).toISOString()
   await deps.db.transaction().execute(async trx => {
+    await within?.(trx)
     if (rehash !== undefined) await trx.updateTable('users').set({ password_hash: rehash }).where('id', '=', user.id).execute()
     await insertChallenge(trx, {
       id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt, sign_in_method: opened.method, sign_in_provider: opened.provider ?? null

@@ -3,6 +3,7 @@ import { isPostgres, toIso, type Db, type SignInMethod } from '../db/database.ts
 import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
+import { closeSignInChallengesOfUser } from '../mfa/mfa.repository.ts'
 import { nowIso } from '../lib/ids.ts'
 
 export interface NewSessionRow {
@@ -227,10 +228,16 @@ export { deploymentSecret } from '../db/deployment-secrets.ts'
 
 /**
  * Ends a user's sessions (all, or all but the current one) with an event
- * each; used when the user is disabled or deleted and when the password changes.
+ * each, and the sign-ins still waiting for their second step; used when the
+ * user is disabled or deleted, when the password changes, and when an admin
+ * or the user ends them all.
  */
 export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId: string, reason: string, exceptId?: string): Promise<number> {
-  const ended = await endSessionsOfUser(trx, userId, nowIso(), exceptId)
+  const at = nowIso()
+  // First: on PostgreSQL a second step finishing meanwhile holds its challenge's
+  // row until it commits, so the sessions are ended only once its session is there.
+  await closeSignInChallengesOfUser(trx, userId, at)
+  const ended = await endSessionsOfUser(trx, userId, at, exceptId)
   for (const id of ended) {
     await recordEvent(trx, ctx, 'session.ended', { type: 'session', id }, { reason, user_id: userId })
   }

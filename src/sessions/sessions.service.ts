@@ -261,11 +261,12 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
       errors: [{ in: 'body', pointer: '/current_password', detail: 'does not match' }]
     })
   }
+  const checkedHash = user.password_hash
   await deps.failures.release(budgets.map(b => b.key))
   checkPasswordPolicy(newPassword, user.username, passwordPolicyOf(deps.config), '/new_password')
   const hash = await deps.passwords.hash(newPassword)
   await deps.db.transaction().execute(async trx => {
-    await changeOwnPasswordRecorded(trx, ctx, user, hash, principal.id)
+    await changeOwnPasswordRecorded(trx, ctx, { id: user.id, checkedHash }, hash, principal.id)
     await markSessionReauthenticated(trx, principal.id, nowIso())
   })
 }

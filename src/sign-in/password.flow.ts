@@ -12,7 +12,7 @@ import { countFailedSignIn, findUsersBySignInKey, hasSignedInFrom, lockAccount }
 import { invalidCredentials, openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt, signInKey, throttleBudgets } from '../sessions/throttle.ts'
 import type { SessionsDeps, SignIn, SignInContext, SignInOpening } from '../sessions/sessions.types.ts'
-import { findTakenKeys, findUserById } from '../users/users.repository.ts'
+import { findPasswordHashForUpdate, findTakenKeys, findUserById } from '../users/users.repository.ts'
 import { createUserRecorded, changeUserRecorded, newUserRow } from '../users/users.lifecycle.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
 
@@ -34,7 +34,26 @@ function passwordSignInDisabled (everyone: boolean): AppError {
 }
 
 export type FailureReason = 'unknown_user' | 'wrong_password' | 'no_password' | 'disabled' | 'locked' |
-  'password_sign_in_disabled' | 'directory_no_entry' | 'directory_ambiguous' | 'identity_conflict' | ProvisionRefusal
+  'password_sign_in_disabled' | 'directory_no_entry' | 'directory_ambiguous' | 'identity_conflict' | 'password_changed' | ProvisionRefusal
+
+/** The password that was checked is no longer the user's: it was changed while the check ran. */
+class PasswordChangedMeanwhile extends Error {}
+
+/**
+ * Runs first in the transaction that opens the session (or the second step):
+ * the password checked, minutes of argon2 queue ago at worst, must still be
+ * the user's. A change meanwhile (an admin, a reset link, the user elsewhere)
+ * ended every session and wrote its own hash; without this the sign-in would
+ * open a session after that, and its re-made hash of the old password would
+ * put that password back. On PostgreSQL the row stays locked until this
+ * transaction ends, so a change waits and then ends this session too.
+ */
+function stillTheirPassword (userId: string, checkedHash: string): (trx: Db) => Promise<void> {
+  return async (trx) => {
+    const row = await findPasswordHashForUpdate(trx, userId)
+    if (row?.password_hash !== checkedHash) throw new PasswordChangedMeanwhile()
+  }
+}
 
 type UserRow = Awaited<ReturnType<typeof findUsersBySignInKey>>[number]
 
@@ -155,17 +174,26 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   // Hashes made with weaker parameters than today's are replaced now, while the password is at hand.
   const rehash = !viaDirectory && deps.passwords.needsRehash(signingIn.password_hash!) ? await deps.passwords.hash(password) : undefined
   const opened: SignInOpening = { method: viaDirectory ? 'ldap' : 'password' }
-  const secondFactor = await secondFactorNeeded(deps, signingIn)
-  if (secondFactor !== undefined) {
-    const pending = await openSignInChallenge(deps, ctx, signingIn, secondFactor, rehash, now, opened)
+  const within = viaDirectory ? undefined : stillTheirPassword(signingIn.id, signingIn.password_hash!)
+  try {
+    const secondFactor = await secondFactorNeeded(deps, signingIn)
+    if (secondFactor !== undefined) {
+      const pending = await openSignInChallenge(deps, ctx, signingIn, secondFactor, rehash, now, opened, within)
+      await settle()
+      return { kind: 'mfa', ...pending }
+    }
+    const signedIn = await openSession(deps, ctx, signingIn.id, {
+      opened, locked, rehash, now, within, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}), ...(keptLastAdmin ? { note: { role_kept: 'last_admin' } } : {})
+    })
     await settle()
-    return { kind: 'mfa', ...pending }
+    return { kind: 'session', ...signedIn }
+  } catch (error) {
+    if (!(error instanceof PasswordChangedMeanwhile)) throw error
+    // Not a guess: the password was right a moment ago. The attempt's unit goes back.
+    await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: signingIn.id }, { reason: 'password_changed' satisfies FailureReason, identifier: identifier.slice(0, 254) })
+    await deps.failures.release(budgets.map(b => b.key))
+    throw invalidCredentials()
   }
-  const signedIn = await openSession(deps, ctx, signingIn.id, {
-    opened, locked, rehash, now, ...(viaDirectory ? { via: LDAP_PROVIDER } : {}), ...(keptLastAdmin ? { note: { role_kept: 'last_admin' } } : {})
-  })
-  await settle()
-  return { kind: 'session', ...signedIn }
 }
 
 async function checkLocal (deps: SessionsDeps, user: UserRow | undefined, password: string): Promise<CredentialCheck> {

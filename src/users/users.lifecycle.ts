@@ -1,3 +1,4 @@
+import { sql } from 'kysely'
 import { toBool, toStringArray, type Db, type ScimEmail } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
@@ -387,15 +388,23 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
 }
 
 /**
- * A user's own new password (they gave the current one): the row, a
- * `user.password_changed` event, their other sessions ended and their API
- * keys revoked, in this transaction.
+ * A user's own new password (they gave the current one, whose stored hash is
+ * `checkedHash`): the row, a `user.password_changed` event, their other
+ * sessions ended and their API keys revoked, in this transaction. Refused
+ * with 401 when the password is no longer the one checked: a change
+ * meanwhile (an admin's, after a compromise) ended this session and wins.
  */
-export async function changeOwnPasswordRecorded (trx: Db, ctx: RequestContext, user: { id: string, version: number }, passwordHash: string, keepSessionId: string): Promise<void> {
+export async function changeOwnPasswordRecorded (
+  trx: Db, ctx: RequestContext, user: { id: string, checkedHash: string }, passwordHash: string, keepSessionId: string
+): Promise<void> {
   const at = nowIso()
-  await trx.updateTable('users')
-    .set({ password_hash: passwordHash, password_changed_at: at, updated_at: at, version: user.version + 1 })
-    .where('id', '=', user.id).execute()
+  const changed = await trx.updateTable('users')
+    .set({ password_hash: passwordHash, password_changed_at: at, updated_at: at, version: sql<number>`version + 1` })
+    .where('id', '=', user.id).where('password_hash', '=', user.checkedHash)
+    .executeTakeFirst()
+  if (changed.numUpdatedRows === 0n) {
+    throw new AppError('invalid_credentials', 401, 'The password was changed while this request was applied; sign in again with the new one.')
+  }
   await recordEvent(trx, ctx, 'user.password_changed', { type: 'user', id: user.id }, { by: 'self', password: REDACTED })
   await endLiveTokens(trx, user.id, 'password_reset', 'password_changed')
   await endSessionsRecorded(trx, ctx, user.id, 'password_changed', keepSessionId)

@@ -90,6 +90,16 @@ export async function findUserById (db: Db, id: string, options: { forUpdate?: b
     .executeTakeFirst()
 }
 
+/**
+ * A user's stored password hash, the row locked until the transaction ends on
+ * PostgreSQL (SQLite runs one transaction at a time); undefined without the user.
+ */
+export async function findPasswordHashForUpdate (db: Db, id: string): Promise<{ password_hash: string | null } | undefined> {
+  return await db.selectFrom('users').select('password_hash').where('id', '=', id)
+    .$if(isPostgres(db), q => q.forUpdate())
+    .executeTakeFirst()
+}
+
 /** The user an address belongs to (addresses are unique ignoring case). */
 export async function findUserByEmail (db: Db, email: string): Promise<UserRow | undefined> {
   return await db.selectFrom('users').selectAll().where('email_key', '=', email.toLowerCase()).executeTakeFirst()
