@@ -344,12 +344,15 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   let shuttingDown = false
   app.addHook('preClose', async () => { shuttingDown = true })
   const successorOffset = config.basePath.length
+  const hsts = config.hsts
   app.addHook('onSend', (request, reply, payload, done) => {
     // A request answered during a shutdown ends its connection: a client keeping
     // it open would otherwise hold the shutdown until the cap (server.ts).
     if (shuttingDown) reply.header('Connection', 'close')
     reply.header('Cache-Control', 'no-store')
     reply.header('X-Content-Type-Options', 'nosniff')
+    // Only over HTTPS (directly, or through TRUST_PROXY's X-Forwarded-Proto): RFC 6797 bars it from plain HTTP answers.
+    if (hsts !== undefined && request.protocol === 'https') reply.header('Strict-Transport-Security', hsts)
     // Pages with forms set their own (see sessions/login-page.ts); everything else sends no Referer at all.
     if (!reply.hasHeader('Referrer-Policy')) reply.header('Referrer-Policy', 'no-referrer')
     if (request.routeOptions.config.legacy === true) {

@@ -51,6 +51,8 @@ export interface Config {
   passwordMaxLength: number
   /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
   trustProxy: boolean | string | number
+  /** The Strict-Transport-Security value sent with every answer to an HTTPS request; undefined: none (HSTS=off). */
+  hsts: string | undefined
   docsEnabled: boolean
   metricsEnabled: boolean
   /** Retirement date announced for the 3.6.1 paths in the `Sunset` header. */
@@ -216,6 +218,7 @@ const DEFAULTS: Config = {
   passwordMinLength: 8,
   passwordMaxLength: 256,
   trustProxy: false,
+  hsts: 'max-age=31536000; includeSubDomains',
   docsEnabled: true,
   metricsEnabled: true,
   legacySunset: new Date('2027-12-31T00:00:00Z'),
@@ -336,6 +339,8 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
       ? trustProxy.toLowerCase() === 'true'
       : /^\d+$/.test(trustProxy) ? Number(trustProxy) : trustProxy
   }
+  const hsts = str('HSTS')
+  if (hsts !== undefined) c.hsts = hsts.toLowerCase() === 'off' ? undefined : hsts
   c.docsEnabled = bool('DOCS_ENABLED', c.docsEnabled)
   c.metricsEnabled = bool('METRICS_ENABLED', c.metricsEnabled)
   const sunset = str('LEGACY_SUNSET')
@@ -496,6 +501,10 @@ function validate (c: Config): Config {
   }
   if (c.webhookRetentionMs < 86_400_000) throw new ConfigError('WEBHOOK_RETENTION_DAYS must be at least 1')
   if (Number.isNaN(c.legacySunset.getTime())) throw new ConfigError('LEGACY_SUNSET must be a date')
+  // RFC 6797's directives; a typo would otherwise be sent to every browser, which ignores the whole header.
+  if (c.hsts !== undefined && !/^max-age=\d+(; ?includeSubDomains)?(; ?preload)?$/i.test(c.hsts)) {
+    throw new ConfigError('HSTS must be off or a Strict-Transport-Security value such as "max-age=31536000; includeSubDomains"')
+  }
   if ((c.bootstrapAdminUsername === undefined) !== (c.bootstrapAdminPassword === undefined)) {
     throw new ConfigError('GATEHOUSE_ADMIN_USERNAME and GATEHOUSE_ADMIN_PASSWORD go together')
   }

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import { buildApp } from '../src/app.ts'
-import { defaultConfig } from '../src/config.ts'
+import { ConfigError, defaultConfig, loadConfig } from '../src/config.ts'
 import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
 
 const PROBLEM_KEYS = ['code', 'detail', 'request_id', 'status', 'title', 'type']
@@ -126,6 +126,40 @@ for (const dialect of dialects()) {
     })
   })
 }
+
+describe('Strict-Transport-Security (HSTS)', () => {
+  const behindProxy = useTestApp(dialects()[0]!, { trustProxy: true })
+  const direct = useTestApp(dialects()[0]!)
+  const switchedOff = useTestApp(dialects()[0]!, { trustProxy: true, hsts: undefined })
+  const https = { 'x-forwarded-proto': 'https' }
+
+  it('is sent for a year, subdomains included, with every answer to an HTTPS request: the API, an error, the docs, the sign-in page', async () => {
+    for (const url of ['/auth/api/users?limit=1', '/auth/api/nothing', '/auth/docs', '/auth/login']) {
+      const res = await behindProxy.app.inject({ url, headers: { ...auth(behindProxy.adminKey), ...https } })
+      assert.equal(res.headers['strict-transport-security'], 'max-age=31536000; includeSubDomains', url)
+    }
+  })
+
+  it('is never sent over plain HTTP, nor when the protocol comes from a proxy that is not trusted', async () => {
+    const plain = await behindProxy.app.inject({ url: '/auth/api/users?limit=1', headers: auth(behindProxy.adminKey) })
+    assert.equal(plain.statusCode, 200)
+    assert.equal(plain.headers['strict-transport-security'], undefined)
+    const untrusted = await direct.app.inject({ url: '/auth/api/users?limit=1', headers: { ...auth(direct.adminKey), ...https } })
+    assert.equal(untrusted.statusCode, 200)
+    assert.equal(untrusted.headers['strict-transport-security'], undefined)
+  })
+
+  it('is not sent with HSTS=off (a proxy in front sends its own), and a malformed value stops the start', async () => {
+    const res = await switchedOff.app.inject({ url: '/auth/api/users?limit=1', headers: { ...auth(switchedOff.adminKey), ...https } })
+    assert.equal(res.statusCode, 200)
+    assert.equal(res.headers['strict-transport-security'], undefined)
+    assert.equal(loadConfig({ HSTS: 'off' }).hsts, undefined)
+    assert.equal(loadConfig({ HSTS: 'max-age=63072000; includeSubDomains; preload' }).hsts, 'max-age=63072000; includeSubDomains; preload')
+    for (const value of ['max-age=1y', 'includeSubDomains', 'max-age=31536000, includeSubDomains']) {
+      assert.throws(() => loadConfig({ HSTS: value }), ConfigError, value)
+    }
+  })
+})
 
 describe('database unreachable', () => {
   it('answers 503 database_unavailable with Retry-After; readyz is 503 and healthz stays 200', async () => {
