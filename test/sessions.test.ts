@@ -340,3 +340,27 @@ for (const dialect of dialects()) {
     })
   })
 }
+
+for (const dialect of dialects()) {
+  describe(`the session cookie behind a proxy that terminates TLS (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { trustProxy: true })
+
+    it('over HTTPS is read only under its __Host- name, which no other host of the site can set', async () => {
+      const user = await createUser(t)
+      const https = { 'x-forwarded-proto': 'https', origin: 'https://localhost:80' }
+      const signedIn = await login(t, user.username, GOOD_PASSWORD, https)
+      assert.equal(signedIn.statusCode, 200, signedIn.body)
+      const token = signedIn.json().token as string
+      assert.ok(signedIn.cookies.some(c => c.name === '__Host-gatehouse_session' && c.secure === true))
+      const me = async (cookie: string, headers: Record<string, string>): Promise<number> =>
+        (await t.app.inject({ url: '/auth/api/me', headers: { cookie, ...headers } })).statusCode
+      assert.equal(await me(`__Host-gatehouse_session=${token}`, https), 200)
+      // What a sibling subdomain could have set with Domain=<the site>: not taken over HTTPS.
+      assert.equal(await me(`gatehouse_session=${token}`, https), 401)
+      const page = await t.app.inject({ url: '/auth/login', headers: { cookie: `gatehouse_session=${token}`, ...https } })
+      assert.equal(page.statusCode, 200, 'the sign-in page is shown, not skipped as for someone signed in')
+      // Over plain HTTP, the only cookie gatehouse sets there is read as before.
+      assert.equal(await me(`gatehouse_session=${token}`, {}), 200)
+    })
+  })
+}

@@ -57,9 +57,21 @@ function takeCredential (request: FastifyRequest, allowQuery: boolean): Credenti
     if (typeof fromQuery !== 'string' || fromQuery === '') throw unauthenticated('Give API_KEY once, with a value.')
     return { secret: fromQuery, fromCookie: false }
   }
-  const cookie = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+  const cookie = sessionCookieOf(request)
   if (cookie !== undefined && cookie !== '') return { secret: cookie, fromCookie: true }
   return undefined
+}
+
+/**
+ * The session cookie a request brings. Over HTTPS only the `__Host-` one,
+ * which is the only one gatehouse sets there: any host of the same site
+ * (another subdomain) can set a plain `gatehouse_session` for the whole
+ * domain, and with it sign a browser in as someone else (cookie tossing).
+ * Browsers accept a `__Host-` cookie only from this host, over HTTPS.
+ */
+export function sessionCookieOf (request: FastifyRequest): string | undefined {
+  const cookies = request.cookies
+  return request.protocol === 'https' ? cookies[SESSION_COOKIE_SECURE] : cookies[SESSION_COOKIE_SECURE] ?? cookies[SESSION_COOKIE_PLAIN]
 }
 
 /**

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../lib/http.ts'
-import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { assertSameOrigin, requestContext, sessionCookieOf } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
 import { AppError, logFailure, toAppError } from '../errors.ts'
 import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../api-keys/api-keys.service.ts'
@@ -176,7 +176,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   // Who may use the console: a signed-in admin, through the browser's session cookie.
   app.addHook('onRequest', async (request, reply) => {
     if (request.routeOptions.url?.startsWith(`${admin}/assets/`) === true) return
-    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const token = sessionCookieOf(request)
     const principal: Principal | undefined = token !== undefined && token !== '' ? await authenticateSession({ db: app.db, config: app.config }, token) : undefined
     if (principal === undefined) {
       // Only an address sign-in will follow back (lib/redirect.ts: a path of at most 2,048 characters), so the

@@ -3,7 +3,7 @@ import { readFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../lib/http.ts'
-import { assertSameOrigin, requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { assertSameOrigin, requestContext, sessionCookieOf } from '../auth/auth.plugin.ts'
 import type { Principal } from '../auth/principal.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
@@ -135,7 +135,7 @@ function parseCredential (json: string): PasskeyCredential {
 
 /** The browser's session, for the account pages; they have no other credential. */
 async function pagePrincipal (deps: SessionsDeps, request: FastifyRequest): Promise<Principal | undefined> {
-  const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+  const token = sessionCookieOf(request)
   const principal = token !== undefined && token !== '' ? await authenticateSession(deps, token) : undefined
   if (principal?.user == null) return undefined
   request.principal = principal

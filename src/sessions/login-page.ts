@@ -1,7 +1,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../lib/http.ts'
 import type { PrincipalUser } from '../auth/principal.ts'
-import { assertSameOrigin, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { assertSameOrigin, sessionCookieOf } from '../auth/auth.plugin.ts'
 import { AppError } from '../errors.ts'
 import { escapeHtml, sendHtmlPage } from '../lib/html.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
@@ -83,7 +83,7 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
 
   app.get('/login', { schema: { hide: true } }, async (request, reply) => {
     const next = sameOriginRedirect((request.query as Record<string, unknown>).next)
-    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const token = sessionCookieOf(request)
     const principal = token !== undefined && token !== '' ? await authenticateSession(deps, token) : undefined
     if (principal?.user != null) {
       return sendPage(reply, 200, signedInPage(basePath, principal.user, next ?? app.config.loginDefaultNext))
@@ -121,7 +121,7 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
 
   app.post('/logout', hide, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
-    const token = request.cookies[SESSION_COOKIE_SECURE] ?? request.cookies[SESSION_COOKIE_PLAIN]
+    const token = sessionCookieOf(request)
     const principal = token !== undefined ? await authenticateSession(deps, token) : undefined
     if (principal !== undefined) {
       request.principal = principal
