@@ -36,6 +36,8 @@ export interface Config {
   logLevel: string
   /** Accept `?API_KEY=` as the main API does. Off means header credentials only. */
   allowQueryApiKey: boolean
+  /** How many live (unrevoked, unexpired) API keys one owner may hold; a create beyond is 409 too_many_api_keys. */
+  apiKeysPerOwner: number
   bodyLimitBytes: number
   requestTimeoutMs: number
   /** argon2id parameters for new hashes; see docs/security.md. */
@@ -203,6 +205,7 @@ const DEFAULTS: Config = {
   databaseAcquireTimeoutMs: 5000,
   logLevel: 'info',
   allowQueryApiKey: true,
+  apiKeysPerOwner: 100,
   bodyLimitBytes: 64 * 1024,
   requestTimeoutMs: 30_000,
   argon2MemoryKib: 19_456,
@@ -324,6 +327,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databaseAcquireTimeoutMs = int('DATABASE_ACQUIRE_TIMEOUT_MS', c.databaseAcquireTimeoutMs)
   c.logLevel = str('LOG_LEVEL') ?? c.logLevel
   c.allowQueryApiKey = bool('ALLOW_QUERY_API_KEY', c.allowQueryApiKey)
+  c.apiKeysPerOwner = int('API_KEYS_PER_OWNER', c.apiKeysPerOwner)
   c.bodyLimitBytes = int('BODY_LIMIT_BYTES', c.bodyLimitBytes)
   c.requestTimeoutMs = int('REQUEST_TIMEOUT_MS', c.requestTimeoutMs)
   c.argon2MemoryKib = int('ARGON2_MEMORY_KIB', c.argon2MemoryKib)
@@ -493,6 +497,7 @@ function validate (c: Config): Config {
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
   if (c.hashNice < 0 || c.hashNice > 19) throw new ConfigError('HASH_NICE must be 0 (off) to 19')
+  if (c.apiKeysPerOwner < 1) throw new ConfigError('API_KEYS_PER_OWNER must be at least 1')
   if (c.webhookTimeoutMs < 1 || c.webhookPollIntervalMs < 1 || c.webhookRetryBaseMs < 1 || c.webhookConcurrency < 1) {
     throw new ConfigError('WEBHOOK_TIMEOUT_MS, WEBHOOK_POLL_INTERVAL_MS, WEBHOOK_RETRY_BASE_MS and WEBHOOK_CONCURRENCY must be at least 1')
   }

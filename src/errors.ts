@@ -30,6 +30,7 @@ export type ErrorCode =
   | 'group_not_found'
   | 'group_exists'
   | 'too_many_groups'
+  | 'too_many_api_keys'
   | 'precondition_failed'
   | 'invalid_cursor'
   | 'password_too_short'

@@ -221,3 +221,61 @@ for (const dialect of dialects()) {
     })
   })
 }
+
+for (const dialect of dialects()) {
+  describe(`how many API keys one owner holds (${dialect.name})`, () => {
+    const LIMIT = 4
+    const t = useTestApp(dialect, { apiKeysPerOwner: LIMIT })
+
+    /** A new admin user, signed in: the keys they create are theirs. */
+    async function adminSession (): Promise<{ id: string, token: string }> {
+      const username = uniqueName('keyholder')
+      const user = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, password: GOOD_PASSWORD, role: 'admin' } })
+      assert.equal(user.statusCode, 201, user.body)
+      const login = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD } })
+      assert.equal(login.statusCode, 200, login.body)
+      return { id: user.json().id, token: login.json().token }
+    }
+    const create = async (token: string, name: string) =>
+      await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: { authorization: `Bearer ${token}` }, payload: { name } })
+    const liveKeysOf = async (userId: string): Promise<number> =>
+      (await t.app.db.selectFrom('api_keys').select('id').where('user_id', '=', userId).where('revoked_at', 'is', null).execute()).length
+
+    it('refuses a key beyond API_KEYS_PER_OWNER live ones with 409 too_many_api_keys; revoked and expired keys do not count, nor other owners\' keys', async () => {
+      const holder = await adminSession()
+      const made: string[] = []
+      for (let i = 0; i < LIMIT; i++) {
+        const res = await create(holder.token, `key ${i}`)
+        assert.equal(res.statusCode, 201, res.body)
+        assert.equal(res.json().user_id, holder.id)
+        made.push(res.json().id)
+      }
+      const refused = await create(holder.token, 'one too many')
+      assert.equal(refused.statusCode, 409, refused.body)
+      assert.equal(refused.json().code, 'too_many_api_keys')
+      assert.match(refused.json().detail, /hold 4 live API keys; at most 4/)
+      assert.equal(await liveKeysOf(holder.id), LIMIT, 'the refused create made nothing')
+      const events = (await t.app.inject({ url: `/auth/api/events?type=api_key.created&actor_id=${holder.id}&limit=100`, headers: auth(t.adminKey) })).json()
+      assert.equal(events.length, LIMIT)
+
+      // Someone else's keys are theirs to count: the bootstrap key, owned by no user, still creates.
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'not theirs' } })).statusCode, 201)
+
+      assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/api-keys/${made[0]}`, headers: auth(t.adminKey) })).statusCode, 204)
+      assert.equal((await create(holder.token, 'in place of a revoked one')).statusCode, 201)
+      assert.equal((await create(holder.token, 'again one too many')).statusCode, 409)
+
+      // A key past its expiry is no longer live (made directly: the API refuses a past expiry).
+      await t.app.db.updateTable('api_keys').set({ expires_at: new Date(Date.now() - 60_000).toISOString() }).where('id', '=', made[1]!).execute()
+      assert.equal((await create(holder.token, 'in place of an expired one')).statusCode, 201)
+    })
+
+    it('counts creates that arrive at once one after another: exactly API_KEYS_PER_OWNER of them succeed', async () => {
+      const holder = await adminSession()
+      const answers = await Promise.all(Array.from({ length: 2 * LIMIT }, async (_, i) => await create(holder.token, `burst ${i}`)))
+      const statuses = answers.map(a => a.statusCode).sort()
+      assert.deepEqual(statuses, [...Array(LIMIT).fill(201), ...Array(LIMIT).fill(409)], answers.map(a => a.body).join('\n'))
+      assert.equal(await liveKeysOf(holder.id), LIMIT)
+    })
+  })
+}

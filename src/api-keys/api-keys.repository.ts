@@ -1,5 +1,5 @@
-import type { Selectable } from 'kysely'
-import type { ApiKeysTable, Db } from '../db/database.ts'
+import { sql, type Selectable } from 'kysely'
+import { isPostgres, type ApiKeysTable, type Db } from '../db/database.ts'
 import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -24,6 +24,28 @@ export interface NewApiKeyRow {
 
 export async function insertApiKey (db: Db, row: NewApiKeyRow): Promise<ApiKeyRow> {
   return await db.insertInto('api_keys').values(row).returningAll().executeTakeFirstOrThrow()
+}
+
+/** How many keys of this owner (null: keys no user owns) are live at `now`: not revoked, not expired. */
+export async function countLiveApiKeysOf (db: Db, userId: string | null, now: string): Promise<number> {
+  const row = await db.selectFrom('api_keys').select(eb => eb.fn.countAll<number | string>().as('n'))
+    .where('user_id', userId === null ? 'is' : '=', userId)
+    .where('revoked_at', 'is', null)
+    .where(eb => eb.or([eb('expires_at', 'is', null), eb('expires_at', '>', now)]))
+    .executeTakeFirstOrThrow()
+  return Number(row.n)
+}
+
+/**
+ * Holds, until the transaction ends, the right to add a key for this owner
+ * (null: no user), so that concurrent creates are counted one after another.
+ * PostgreSQL only: SQLite runs one transaction at a time. The lock is the
+ * database's, not the schema's: two deployments sharing a database at most
+ * wait for each other's keyless creates, a few milliseconds.
+ */
+export async function lockApiKeysOf (db: Db, userId: string | null): Promise<void> {
+  if (!isPostgres(db)) return
+  await sql`select pg_advisory_xact_lock(hashtextextended(${`gatehouse.api_keys:${userId ?? ''}`}, 0))`.execute(db)
 }
 
 export async function findApiKeyById (db: Db, id: string): Promise<ApiKeyRow | undefined> {

@@ -14,13 +14,14 @@ export default async function apiKeysRoutes (app: FastifyTypeBox): Promise<void>
       ...common,
       operationId: 'create_api_key',
       summary: 'Create API Key',
-      description: 'Creates a key and returns its secret once. Only its SHA-256 digest is stored: a lost secret cannot be shown again; rotate or create another.',
+      description: 'Creates a key and returns its secret once. Only its SHA-256 digest is stored: a lost secret cannot be shown again; rotate or create another. ' +
+        'The key is owned by your user (or by no user, when you call with a key no user owns); one owner holds at most API_KEYS_PER_OWNER (100) live keys, and a create beyond is 409 `too_many_api_keys`.',
       body: ref(ApiKeyCreate),
-      response: { 201: withHeaders({ ...ref(ApiKeyWithSecret), description: 'The key, with its secret in `key`.' }, 'Location'), ...problems(401, 403, 413, 415, 422, 503) }
+      response: { 201: withHeaders({ ...ref(ApiKeyWithSecret), description: 'The key, with its secret in `key`.' }, 'Location'), ...problems(401, 403, 409, 413, 415, 422, 503) }
     },
     config
   }, async (request, reply) => {
-    const key = await createApiKey(app.db, request.principal!, requestContext(request), request.body)
+    const key = await createApiKey(app.db, request.principal!, requestContext(request), request.body, app.config.apiKeysPerOwner)
     return await reply.code(201).header('Location', `${app.config.basePath}/api/api-keys/${key.id}`).send(key)
   })
 

@@ -5,9 +5,11 @@ import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import {
+  countLiveApiKeysOf,
   findApiKeyByDigest,
   findApiKeyById,
   insertApiKey,
+  lockApiKeysOf,
   listApiKeys,
   replaceApiKeySecret,
   revokeApiKey,
@@ -76,7 +78,13 @@ export async function insertKeyForSecret (
   return key
 }
 
-export async function createApiKey (db: Db, principal: Principal, ctx: RequestContext, input: ApiKeyCreate): Promise<ApiKeyWithSecret> {
+/**
+ * A new key for the caller, owned by their user (or by no user, when the
+ * caller is a key no user owns). One owner holds at most `limit` live keys:
+ * a leaked admin credential cannot mint keys without end (ASVS 8.3.2), and a
+ * script creating a key per run without revoking it is told so.
+ */
+export async function createApiKey (db: Db, principal: Principal, ctx: RequestContext, input: ApiKeyCreate, limit: number): Promise<ApiKeyWithSecret> {
   const expiresAt = input.expires_at != null ? new Date(input.expires_at).toISOString() : null
   if (expiresAt !== null && Date.parse(expiresAt) <= Date.now()) {
     throw new AppError('validation_failed', 422, 'expires_at must be in the future.', {
@@ -89,12 +97,19 @@ export async function createApiKey (db: Db, principal: Principal, ctx: RequestCo
     })
   }
   const secret = generateApiKeySecret()
-  const key = await db.transaction().execute(async trx => await insertKeyForSecret(trx, ctx, secret, {
-    name: input.name,
-    scopes: input.scopes ?? ['admin'],
-    userId: principal.userId,
-    expiresAt
-  }))
+  const key = await db.transaction().execute(async trx => {
+    await lockApiKeysOf(trx, principal.userId)
+    const live = await countLiveApiKeysOf(trx, principal.userId, nowIso())
+    if (live >= limit) {
+      throw new AppError('too_many_api_keys', 409, `${principal.userId === null ? 'Keys that no user owns' : 'You'} hold ${live} live API keys; at most ${limit} may be live at once (API_KEYS_PER_OWNER). Revoke one you no longer use.`)
+    }
+    return await insertKeyForSecret(trx, ctx, secret, {
+      name: input.name,
+      scopes: input.scopes ?? ['admin'],
+      userId: principal.userId,
+      expiresAt
+    })
+  })
   return { ...key, key: secret }
 }
 

@@ -423,7 +423,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const form = { name: text(fields, 'name'), scopes: ([] as unknown[]).concat(fields.scopes ?? []).filter((s): s is string => typeof s === 'string'), expires: parsed.expires }
     if (!parsed.ok) return await keysPage(request, reply, 422, form, parsed.errors)
     try {
-      const key = await createApiKey(app.db, request.principal!, requestContext(request), parsed.value)
+      const key = await createApiKey(app.db, request.principal!, requestContext(request), parsed.value, app.config.apiKeysPerOwner)
       return sendPage(reply, 201, secretPage(viewOf(request), key, false))
     } catch (error) {
       const pointer = error instanceof AppError ? error.errors?.[0]?.pointer : undefined
