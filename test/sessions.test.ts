@@ -77,6 +77,13 @@ for (const dialect of dialects()) {
       assert.equal(byToken.json().id, user.id)
       const byCookie = await t.app.inject({ url: '/auth/api/me', headers: { cookie: sessionCookie(res) } })
       assert.equal(byCookie.json().id, user.id)
+      // The same ETag as Get User's, so that an If-Match on Update User can follow a read of /me.
+      const read = await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })
+      assert.match(String(byToken.headers.etag), /^"\d+"$/)
+      assert.equal(byToken.headers.etag, read.headers.etag)
+      const renamed = await t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: { authorization: `Bearer ${res.json().token}`, 'if-match': byToken.headers.etag as string }, payload: { first_name: 'Ada' } })
+      assert.equal(renamed.statusCode, 200, renamed.body)
+      assert.notEqual((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${res.json().token}` } })).headers.etag, byToken.headers.etag)
       const byDeploymentKey = await t.app.inject({ url: '/auth/api/me', headers: auth(t.adminKey) })
       assert.equal(byDeploymentKey.statusCode, 403)
     })

@@ -1,10 +1,10 @@
 import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
-import { problems, ref, SECURITY } from '../lib/openapi.ts'
+import { problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import { AppError } from '../errors.ts'
 import { User } from '../users/users.schemas.ts'
-import { endUserSessions, getUser } from '../users/users.service.ts'
+import { endUserSessions, etagOf, getUser } from '../users/users.service.ts'
 import { LoginBody, PasswordChange, Session, SessionList, SessionParams, SessionsEnded, SessionsOfUserParams, UserSessionParams } from './sessions.schemas.ts'
 import { type SessionsDeps } from './sessions.types.ts'
 import { signIn } from '../sign-in/password.flow.ts'
@@ -71,16 +71,18 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       tags: ['sessions'],
       operationId: 'get_me',
       summary: 'Who Am I',
-      description: 'The user behind the credential: a signed-in user\'s session, or an API key owned by a user (a deployment key has none: 403).',
+      description: 'The user behind the credential: a signed-in user\'s session, or an API key owned by a user (a deployment key has none: 403). ' +
+        'Its `ETag` is Get User\'s, for an `If-Match` on Update User.',
       security: SECURITY,
-      response: { 200: { ...ref(User), description: 'The signed-in user.' }, ...problems(401, 403, 503) }
+      response: { 200: withHeaders({ ...ref(User), description: 'The signed-in user; `ETag` versions it.' }, 'ETag'), ...problems(401, 403, 503) }
     },
     config: { scope: 'signed_in' }
-  }, async (request) => {
+  }, async (request, reply) => {
     if (request.principal!.userId === null) {
       throw new AppError('forbidden', 403, 'This credential is a deployment API key; it belongs to no user.')
     }
-    return (await getUser({ db: app.db }, request.principal!.userId)).user
+    const { user, version } = await getUser({ db: app.db }, request.principal!.userId)
+    return await reply.header('ETag', etagOf(version)).send(user)
   })
 
   app.put('/api/me/password', {
