@@ -74,6 +74,25 @@ for (const dialect of dialects()) {
       assert.equal((await createdEvents(t, users[0]!.id)).length, 1)
     })
 
+    it('makes Import Users retry-safe: a retry gets the first results again, each user created once, and another body is refused', async () => {
+      const names = [uniqueName('imported'), uniqueName('imported')]
+      const body = { atomic: false, users: names.map(username => ({ username, password: GOOD_PASSWORD })) }
+      const key = randomUUID()
+      const first = await create(t.app, t.adminKey, key, body, { url: '/auth/api/users/import' })
+      assert.equal(first.statusCode, 200, first.body)
+      assert.deepEqual(first.json().results.map((r: { status: string }) => r.status), ['created', 'created'])
+      // Without the key, the same import again would answer username_taken for both.
+      assertReplayOf(await create(t.app, t.adminKey, key, body, { url: '/auth/api/users/import' }), first)
+      for (const username of names) {
+        const users = await usersNamed(t, username)
+        assert.equal(users.length, 1)
+        assert.equal((await createdEvents(t, users[0]!.id)).length, 1)
+      }
+      const other = await create(t.app, t.adminKey, key, { ...body, users: body.users.slice(0, 1) }, { url: '/auth/api/users/import' })
+      assert.equal(other.statusCode, 422, other.body)
+      assert.equal(other.json().code, 'idempotency_key_reused')
+    })
+
     it('takes the key bare as well as quoted, as the same key', async () => {
       const body = { username: uniqueName(), password: GOOD_PASSWORD }
       const key = randomUUID()

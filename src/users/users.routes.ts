@@ -77,7 +77,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       }
     },
     bodyLimit: Math.max(app.config.bodyLimitBytes, IMPORT_BODY_LIMIT),
-    config: { scope: 'admin', accepts: IMPORT_TYPES }
+    // Retry-safe like a single create: a migration script whose import timed out sends it again with the same key.
+    config: { scope: 'admin', accepts: IMPORT_TYPES, idempotent: true }
   }, async (request, reply) => {
     const { status, ...report } = await importUsers(deps, request.principal!, requestContext(request), request.body)
     if (status === 200) return await reply.send(report)
