@@ -209,6 +209,21 @@ for (const dialect of dialects()) {
       assert.equal((await t.app.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).where('ended_at', 'is', null).execute()).length, 0)
     })
 
+    it('answers a second step racing the user\'s disabling without a server error, and leaves no live session', async () => {
+      for (let round = 0; round < 6; round++) {
+        const user = await createUser(t)
+        const { secret } = await enrolTotp(t, await sessionOf(t, user.username))
+        const challenge = await challengeOf(t, user.username)
+        const [completed, disabled] = await Promise.all([
+          completeMfa(t, { challenge_token: challenge.challenge_token, totp_code: await codeAt(secret, 1) }),
+          t.app.inject({ method: 'PATCH', url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey), payload: { disabled: true } })
+        ])
+        assert.equal(disabled.statusCode, 200, `round ${round}: ${disabled.body}`)
+        assert.ok([200, 401].includes(completed.statusCode), `round ${round}: ${completed.body}`)
+        if (completed.statusCode === 200) assert.equal((await call(t, 'GET', '/auth/api/me', completed.json().token)).statusCode, 401)
+      }
+    })
+
     it('opens one session when two requests bring the same fresh code at once', async () => {
       const user = await createUser(t)
       const { secret } = await enrolTotp(t, await sessionOf(t, user.username))

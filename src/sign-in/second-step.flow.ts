@@ -9,6 +9,7 @@ import type { RelyingParty } from '../mfa/webauthn.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
 import { openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt } from '../sessions/throttle.ts'
+import { findUserById } from '../users/users.repository.ts'
 import type { SessionsDeps, SignIn, SignInContext } from '../sessions/sessions.types.ts'
 
 /*
@@ -38,7 +39,12 @@ export async function completeSignIn (
       locked,
       now: step.now,
       mfa: step.method,
-      within: async (trx) => { recoveryCodes = await spendSecondFactor(trx, deps, ctx, step, proof, rp, prepared) }
+      within: async (trx) => {
+        // The user's row before the challenge's, in the order a change of password takes them
+        // (it closes open challenges, sessions.repository.ts): the other order could deadlock.
+        await findUserById(trx, step.userId, { forUpdate: true })
+        recoveryCodes = await spendSecondFactor(trx, deps, ctx, step, proof, rp, prepared)
+      }
     })
   } catch (error) {
     return await secondStepFailed(deps, ctx, step, error)
