@@ -88,6 +88,23 @@ for (const dialect of dialects()) {
       assert.equal(byDeploymentKey.statusCode, 403)
     })
 
+    it('records the client\'s User-Agent (its first 512 characters) on every sign-in event, success and failure', async () => {
+      const user = await createUser(t)
+      const browser = 'Mozilla/5.0 (X11; Linux x86_64) Gecko/20100101 Firefox/133.0'
+      assert.equal((await login(t, user.username, 'not the password at all', { 'user-agent': browser })).statusCode, 401)
+      assert.equal((await login(t, user.username, GOOD_PASSWORD, { 'user-agent': `${browser} ${'x'.repeat(600)}` })).statusCode, 200)
+      const unknown = `probe/${uniqueName()}`
+      const before = new Date(Date.now() - 1000).toISOString()
+      assert.equal((await login(t, `nobody_${uniqueName()}`, GOOD_PASSWORD, { 'user-agent': unknown })).statusCode, 401)
+      const events = (await t.app.inject({ url: `/auth/api/events?target_id=${user.id}&limit=100`, headers: auth(t.adminKey) })).json() as Array<{ type: string, data: Record<string, unknown> }>
+      const failed = events.find(e => e.type === 'user.login_failed')
+      const succeeded = events.find(e => e.type === 'user.login_succeeded')
+      assert.equal(failed?.data.user_agent, browser)
+      assert.equal(succeeded?.data.user_agent, `${browser} ${'x'.repeat(600)}`.slice(0, 512))
+      const anonymous = (await t.app.inject({ url: `/auth/api/events?type=user.login_failed&since=${before}&limit=1000`, headers: auth(t.adminKey) })).json() as Array<{ data: Record<string, unknown> }>
+      assert.ok(anonymous.some(e => e.data.user_agent === unknown), 'a failure for an unknown name carries it too')
+    })
+
     it('answers unknown user, wrong password, disabled and locked accounts identically', async () => {
       const disabled = await createUser(t, { disabled: true })
       const locked = await createUser(t)

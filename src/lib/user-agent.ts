@@ -17,3 +17,16 @@ export function deviceOf (userAgent: string | null): string | null {
   if (os.name !== undefined) return `Unknown browser on ${os.name}`
   return /^[A-Za-z][\w.-]{0,40}\/[\w.-]{1,20}/.exec(userAgent)?.[0] ?? null
 }
+
+/** As much of a User-Agent as sessions keep. */
+export const USER_AGENT_MAX_LENGTH = 512
+
+/**
+ * A sign-in event's `user_agent` (ASVS 16.3.1: each success and failure with
+ * its client): the first 512 characters of the header, or nothing when none
+ * was sent. The session row keeps it too, but only until a day after the
+ * session ends; the event log keeps it for as long as it keeps the event.
+ */
+export function userAgentData (userAgent: string | null): { user_agent?: string } {
+  return userAgent === null || userAgent === '' ? {} : { user_agent: userAgent.slice(0, USER_AGENT_MAX_LENGTH) }
+}

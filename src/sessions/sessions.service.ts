@@ -7,7 +7,7 @@ import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
-import { deviceOf } from '../lib/user-agent.ts'
+import { deviceOf, USER_AGENT_MAX_LENGTH, userAgentData } from '../lib/user-agent.ts'
 import { findPublicUserById, findUserById, toUser } from '../users/users.repository.ts'
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
@@ -87,7 +87,7 @@ export async function openSession (
       expires_at: expiresAt,
       ended_at: null,
       client_ip: ctx.clientIp,
-      user_agent: ctx.userAgent?.slice(0, 512) ?? null,
+      user_agent: ctx.userAgent?.slice(0, USER_AGENT_MAX_LENGTH) ?? null,
       mfa: options.mfa !== undefined,
       sign_in_method: options.opened?.method ?? null,
       sign_in_provider: options.opened?.provider ?? null
@@ -100,6 +100,7 @@ export async function openSession (
       ...(options.passwordless === true ? { passwordless: true } : {}),
       ...(options.via !== undefined ? { via: options.via } : {}),
       ...(newDevice ? { new_device: true } : {}),
+      ...userAgentData(ctx.userAgent),
       ...options.note
     })
     return updated

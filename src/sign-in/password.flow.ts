@@ -3,6 +3,7 @@ import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { userAgentData } from '../lib/user-agent.ts'
 import { findIdentity, findIdentityOfUser, insertIdentity, touchIdentity } from '../sso/identities.repository.ts'
 import { normaliseDn, type LdapConfig } from '../sso/ldap.config.ts'
 import { checkWithDirectory, LDAP_PROVIDER, mappedAccess, type DirectoryUser, type ProvisionRefusal } from '../sso/ldap.service.ts'
@@ -144,7 +145,7 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
         }
       }
       await recordEvent(trx, ctx, 'user.login_failed', user !== undefined ? { type: 'user', id: user.id } : null, {
-        reason, identifier: identifier.slice(0, 254), ...via, ...(known ? { known_client: true } : {})
+        reason, identifier: identifier.slice(0, 254), ...via, ...(known ? { known_client: true } : {}), ...userAgentData(ctx.userAgent)
       })
     })
     throw invalidCredentials()
@@ -158,7 +159,7 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   if (!viaDirectory && (!deps.config.passwordSignIn || !toBool(user!.password_sign_in))) {
     // The password was right, so saying why it cannot be used tells its owner, and only them, what to do.
     await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: user!.id }, {
-      reason: 'password_sign_in_disabled', identifier: identifier.slice(0, 254), ...(deps.config.passwordSignIn ? {} : { everyone: true })
+      reason: 'password_sign_in_disabled', identifier: identifier.slice(0, 254), ...(deps.config.passwordSignIn ? {} : { everyone: true }), ...userAgentData(ctx.userAgent)
     })
     await settle()
     throw passwordSignInDisabled(!deps.config.passwordSignIn)
@@ -190,7 +191,9 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   } catch (error) {
     if (!(error instanceof PasswordChangedMeanwhile)) throw error
     // Not a guess: the password was right a moment ago. The attempt's unit goes back.
-    await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: signingIn.id }, { reason: 'password_changed' satisfies FailureReason, identifier: identifier.slice(0, 254) })
+    await recordEvent(deps.db, ctx, 'user.login_failed', { type: 'user', id: signingIn.id }, {
+      reason: 'password_changed' satisfies FailureReason, identifier: identifier.slice(0, 254), ...userAgentData(ctx.userAgent)
+    })
     await deps.failures.release(budgets.map(b => b.key))
     throw invalidCredentials()
   }

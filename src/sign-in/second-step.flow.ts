@@ -10,6 +10,7 @@ import type { Budget } from '../sessions/failure-counter.ts'
 import { openSession } from '../sessions/sessions.service.ts'
 import { reserveAttempt } from '../sessions/throttle.ts'
 import { findUserById } from '../users/users.repository.ts'
+import { userAgentData } from '../lib/user-agent.ts'
 import type { SessionsDeps, SignIn, SignInContext } from '../sessions/sessions.types.ts'
 
 /*
@@ -83,7 +84,7 @@ export async function passkeySignIn (deps: SessionsDeps, ctx: SignInContext, cre
       throw error
     }
     userId ??= error.userId
-    await recordEvent(deps.db, ctx, 'user.login_failed', userId !== undefined ? { type: 'user', id: userId } : null, { reason: error.reason, method: 'passkey' })
+    await recordEvent(deps.db, ctx, 'user.login_failed', userId !== undefined ? { type: 'user', id: userId } : null, { reason: error.reason, method: 'passkey', ...userAgentData(ctx.userAgent) })
     throw new AppError('invalid_credentials', 401, 'The passkey was not accepted.')
   }
 }
