@@ -105,6 +105,29 @@ for (const dialect of dialects()) {
       assert.ok(anonymous.some(e => e.data.user_agent === unknown), 'a failure for an unknown name carries it too')
     })
 
+    it('ends the session a browser still holds when it signs in again, as the same user or another (no fixation)', async () => {
+      const ada = await createUser(t)
+      const grace = await createUser(t)
+      const first = await login(t, ada.username)
+      assert.equal(first.statusCode, 200, first.body)
+      const planted = sessionCookie(first)
+      const me = async (cookie: string): Promise<number> => (await t.app.inject({ url: '/auth/api/me', headers: { cookie } })).statusCode
+      assert.equal(await me(planted), 200)
+      // The same browser, cookie and all, signs in as someone else: the old session must not live on beside the new one.
+      const second = await login(t, grace.username, GOOD_PASSWORD, { cookie: planted })
+      assert.equal(second.statusCode, 200, second.body)
+      assert.equal(await me(planted), 401)
+      const current = sessionCookie(second)
+      assert.equal(await me(current), 200)
+      const ended = (await t.app.inject({ url: `/auth/api/events?type=session.ended&target_id=${first.json().session_id as string}`, headers: auth(t.adminKey) })).json()
+      assert.deepEqual(ended.map((e: { data: Record<string, unknown> }) => e.data), [{ reason: 'signed_in_again', user_id: ada.id }])
+      // Signing in again as the same user ends the previous session too.
+      const third = await login(t, grace.username, GOOD_PASSWORD, { cookie: current })
+      assert.equal(third.statusCode, 200, third.body)
+      assert.equal(await me(current), 401)
+      assert.equal(await me(sessionCookie(third)), 200)
+    })
+
     it('answers unknown user, wrong password, disabled and locked accounts identically', async () => {
       const disabled = await createUser(t, { disabled: true })
       const locked = await createUser(t)

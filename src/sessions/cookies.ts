@@ -1,6 +1,6 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { Config } from '../config.ts'
-import { requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE } from '../auth/auth.plugin.ts'
+import { requestContext, SESSION_COOKIE_PLAIN, SESSION_COOKIE_SECURE, sessionCookieOf } from '../auth/auth.plugin.ts'
 import { type SignIn, type SignInContext } from './sessions.types.ts'
 
 /** The device cookie (see device-trust.ts): kept long after the session, so a later sign-in is from a known device. */
@@ -29,6 +29,7 @@ export function sessionContext (request: FastifyRequest): SignInContext {
   return {
     ...requestContext(request),
     userAgent: request.headers['user-agent'] ?? null,
-    deviceToken: request.cookies[DEVICE_COOKIE_SECURE] ?? request.cookies[DEVICE_COOKIE_PLAIN] ?? null
+    deviceToken: request.cookies[DEVICE_COOKIE_SECURE] ?? request.cookies[DEVICE_COOKIE_PLAIN] ?? null,
+    previousSessionToken: sessionCookieOf(request) ?? null
   }
 }

@@ -92,6 +92,13 @@ export async function endSessionOfUser (db: Db, userId: string, id: string, at: 
   return result.numUpdatedRows > 0n
 }
 
+/** Ends the live session with this token digest, if there is one; returns it for the event log. */
+export async function endSessionByDigest (db: Db, digest: string, at: string): Promise<{ id: string, user_id: string } | undefined> {
+  return await db.updateTable('sessions').set({ ended_at: at })
+    .where('digest', '=', digest).where('ended_at', 'is', null)
+    .returning(['id', 'user_id']).executeTakeFirst()
+}
+
 /** Ends every live session of a user but `exceptId`; returns their ids for the event log. */
 export async function endSessionsOfUser (db: Db, userId: string, at: string, exceptId?: string): Promise<string[]> {
   const rows = await db.updateTable('sessions').set({ ended_at: at })

@@ -12,7 +12,7 @@ import { findPublicUserById, findUserById, toUser } from '../users/users.reposit
 import { changeOwnPasswordRecorded } from '../users/users.lifecycle.ts'
 import { isDeviceOf, issueDeviceToken } from './device-trust.ts'
 import {
-  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom,
+  deleteSessionsEndedBefore, deleteSignInAddressesBefore, endSession, endSessionByDigest, endSessionOfUser, endSessionsRecorded, findSessionByDigest, hasSignedInFrom,
   listLiveSessionsOfUser, markSessionReauthenticated, recordSignInWithSession, touchSession
 } from './sessions.repository.ts'
 import { MAX_LISTED_SESSIONS, type SessionSummary } from './sessions.schemas.ts'
@@ -103,6 +103,14 @@ export async function openSession (
       ...userAgentData(ctx.userAgent),
       ...options.note
     })
+    // The session this browser still held, whoever's it was, ends with the new one's start:
+    // a cookie planted before the sign-in (session fixation) or left behind by someone else.
+    if (ctx.previousSessionToken !== null) {
+      const previous = await endSessionByDigest(trx, digestOf(ctx.previousSessionToken), at)
+      if (previous !== undefined) {
+        await recordEvent(trx, ctx, 'session.ended', { type: 'session', id: previous.id }, { reason: 'signed_in_again', user_id: previous.user_id })
+      }
+    }
     return updated
   })
   return { token, sessionId, expiresAt, user: toUser(signedIn), deviceToken: issueDeviceToken(await deps.deviceKey(), userId, now) }

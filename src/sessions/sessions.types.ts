@@ -24,6 +24,8 @@ export interface SignInContext extends RequestContext {
   userAgent: string | null
   /** The device token the browser sent, if any. */
   deviceToken: string | null
+  /** The session cookie the browser still sent, if any: a sign-in ends that session (fixation, ASVS 7.2.4). */
+  previousSessionToken: string | null
 }
 
 /** How a sign-in's first step went, kept on the session it opens (and on a second-factor challenge until then). */
