@@ -51,6 +51,8 @@ export interface Config {
   hashNice: number
   passwordMinLength: number
   passwordMaxLength: number
+  /** Words tied to the service that no password may contain (ASVS 6.1.2: documented in docs/security.md). */
+  passwordContextWords: string[]
   /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
   trustProxy: boolean | string | number
   /** The Strict-Transport-Security value sent with every answer to an HTTPS request; undefined: none (HSTS=off). */
@@ -220,6 +222,7 @@ const DEFAULTS: Config = {
   hashNice: process.platform === 'linux' ? 19 : 0,
   passwordMinLength: 8,
   passwordMaxLength: 256,
+  passwordContextWords: ['gatehouse', 'pipeline', 'workflow'],
   trustProxy: false,
   hsts: 'max-age=31536000; includeSubDomains',
   docsEnabled: true,
@@ -337,6 +340,10 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.hashQueueLimit = int('HASH_QUEUE_LIMIT', c.hashQueueLimit)
   c.hashNice = int('HASH_NICE', c.hashNice)
   c.passwordMinLength = int('PASSWORD_MIN_LENGTH', c.passwordMinLength)
+  const contextWords = str('PASSWORD_CONTEXT_WORDS')
+  if (contextWords !== undefined) {
+    c.passwordContextWords = contextWords.trim().toLowerCase() === 'none' ? [] : contextWords.split(',').map(w => w.trim()).filter(w => w !== '')
+  }
   const trustProxy = str('TRUST_PROXY')
   if (trustProxy !== undefined) {
     c.trustProxy = /^(true|false)$/i.test(trustProxy)
@@ -465,6 +472,10 @@ function validate (c: Config): Config {
   }
   if (c.passwordMinLength < 8 || c.passwordMinLength > c.passwordMaxLength) {
     throw new ConfigError(`PASSWORD_MIN_LENGTH must be between 8 and ${c.passwordMaxLength}`)
+  }
+  const shortWord = c.passwordContextWords.find(w => [...w].length < 3 || [...w].length > 64)
+  if (shortWord !== undefined) {
+    throw new ConfigError(`PASSWORD_CONTEXT_WORDS: "${shortWord}" must have 3 to 64 characters (a shorter word would refuse too many unrelated passwords)`)
   }
   if (c.argon2MemoryKib < ARGON2_MIN_MEMORY_KIB || c.argon2TimeCost < ARGON2_MIN_TIME_COST || c.argon2Parallelism < 1) {
     throw new ConfigError(`argon2id parameters below m=${ARGON2_MIN_MEMORY_KIB} KiB, t=${ARGON2_MIN_TIME_COST} are not allowed`)

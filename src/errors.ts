@@ -36,6 +36,8 @@ export type ErrorCode =
   | 'password_too_short'
   | 'password_too_long'
   | 'password_contains_username'
+  | 'password_contains_email'
+  | 'password_contains_context_word'
   | 'password_too_common'
   | 'password_hash_unsupported'
   | 'password_hash_out_of_bounds'

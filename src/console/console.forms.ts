@@ -159,9 +159,9 @@ export function changedFields (a: UserFormValues, b: UserFormValues): FormField[
  * The form's other problems, with the password's (which the service would
  * only report once they are fixed): all shown at once, as the API reports them.
  */
-function withPasswordRule (errors: FieldErrors, password: string, username: string, policy: PasswordPolicy): FieldErrors {
+function withPasswordRule (errors: FieldErrors, password: string, values: UserFormValues, policy: PasswordPolicy): FieldErrors {
   if (password === '' || errors.password !== undefined) return errors
-  const broken = passwordViolation(password, username === '' ? undefined : username, policy)
+  const broken = passwordViolation(password, { username: values.username === '' ? undefined : values.username, emails: [values.email === '' ? undefined : values.email] }, policy)
   return broken === undefined ? errors : { ...errors, password: broken.detail.replace(/\.$/, '') }
 }
 
@@ -175,7 +175,7 @@ export function parseCreate (fields: Fields, policy: PasswordPolicy): Parsed<Use
   if (values.last_name !== '') input.last_name = values.last_name
   if (password !== '') input.password = password
   if (text(fields, 'invite') === 'true') input.invite = true
-  return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: withPasswordRule(fieldErrors(checkCreate.errors), password, values.username, policy) }
+  return checkCreate(input) ? { ok: true, value: input as UserCreate } : { ok: false, errors: withPasswordRule(fieldErrors(checkCreate.errors), password, values, policy) }
 }
 
 /**
@@ -197,7 +197,7 @@ export function parsePatch (fields: Fields, policy: PasswordPolicy): Parsed<User
     disabled: values.disabled
   }
   if (password !== '') patch.password = password
-  if (!checkPatch(patch)) return { ok: false, errors: withPasswordRule(fieldErrors(checkPatch.errors), password, values.username, policy) }
+  if (!checkPatch(patch)) return { ok: false, errors: withPasswordRule(fieldErrors(checkPatch.errors), password, values, policy) }
   // Only what the admin changed goes into the merge patch, so fields they did not touch are never written back.
   if (original !== undefined) {
     const changed = new Set<string>(changedFields(values, original))

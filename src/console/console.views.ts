@@ -172,7 +172,7 @@ export function newUserPage (ctx: ViewContext, values: UserFormValues, errors: F
   const body = html`<h1>Create a user</h1>
 ${errorSummary(errors, general)}
 <form class="panel" method="post" action="${ctx.base}/admin/users" novalidate>
-${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username.')}
+${userFields(values, errors, 'Leave empty to create the user without a password: they cannot sign in until one is set. 8 to 256 characters, not containing the username, the e-mail address\'s name part or the service\'s names.')}
 <div class="field"><label class="check"><input type="checkbox" name="invite" value="true" aria-describedby="invite-hint"${invite ? html` checked` : ''}> Invite user</label>
 <p class="hint" id="invite-hint">Leave the field above empty: they get a one-time link (mailed to them or, without mail, shown here to hand over) and choose their own.</p></div>
 <div class="actions"><button type="submit">Create user</button><a href="${ctx.base}/admin/users">Cancel</a></div>

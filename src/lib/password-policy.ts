@@ -2,10 +2,46 @@ import { createRequire } from 'node:module'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
 
-export interface PasswordPolicy { minLength: number, maxLength: number }
+export interface PasswordPolicy {
+  minLength: number
+  maxLength: number
+  /** Lower-cased words tied to the service (PASSWORD_CONTEXT_WORDS), refused inside a password. */
+  contextWords: readonly string[]
+}
 
-export function passwordPolicyOf (config: Pick<Config, 'passwordMinLength' | 'passwordMaxLength'>): PasswordPolicy {
-  return { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength }
+export function passwordPolicyOf (config: Pick<Config, 'passwordMinLength' | 'passwordMaxLength' | 'passwordContextWords'>): PasswordPolicy {
+  return { minLength: config.passwordMinLength, maxLength: config.passwordMaxLength, contextWords: config.passwordContextWords.map(w => w.toLowerCase()) }
+}
+
+/**
+ * Whose password it is: what an attacker who knows the account would try
+ * first. A field left out is not checked here (a change that keeps a stored
+ * username or address is checked against the stored one by its service).
+ */
+export interface PasswordOwner {
+  username?: string | undefined
+  /** Every address the account has or is about to have; null and undefined ones are skipped. */
+  emails?: ReadonlyArray<string | null | undefined>
+}
+
+/** A whole local part this short is still checked; its pieces need this many characters, or they would rule out unrelated passwords ("ada" in "Canada"). */
+const LOCAL_PART_MIN = 3
+const LOCAL_PART_PIECE_MIN = 4
+
+/**
+ * The words of an address an attacker would try: its local part, and that
+ * part's pieces between dots, dashes, underscores and plus signs
+ * (ada.lovelace@… gives ada.lovelace and lovelace). Lower-cased.
+ */
+export function emailWords (email: string): string[] {
+  const at = email.lastIndexOf('@')
+  const local = (at === -1 ? email : email.slice(0, at)).toLowerCase()
+  const words = new Set<string>()
+  if ([...local].length >= LOCAL_PART_MIN) words.add(local)
+  for (const piece of local.split(/[.\-_+]+/)) {
+    if ([...piece].length >= LOCAL_PART_PIECE_MIN) words.add(piece)
+  }
+  return [...words]
 }
 
 /**
@@ -23,26 +59,26 @@ function commonPasswords (): Set<string> {
   return common
 }
 
-function violation (code: 'password_too_short' | 'password_too_long' | 'password_contains_username' | 'password_too_common', detail: string, field: string, why: string): AppError {
+type PasswordRule = 'password_too_short' | 'password_too_long' | 'password_contains_username' | 'password_contains_email' | 'password_contains_context_word' | 'password_too_common'
+
+function violation (code: PasswordRule, detail: string, field: string, why: string): AppError {
   return new AppError(code, 422, detail, { errors: [{ in: 'body', pointer: field, detail: why }] })
 }
 
 /**
- * OWASP ASVS 5.0 §6.2: a length range, no composition rules, no common
- * passwords, and no password containing the username. The password is taken
- * exactly as given (no trimming or normalization).
+ * OWASP ASVS 5.0 §6.1.2, §6.2: a length range, no composition rules, no
+ * common passwords, and none of the context words: the username, the
+ * e-mail's local part, and the service's own names. The password is taken
+ * exactly as given (no trimming or normalization); words are compared
+ * ignoring case.
  */
-export function checkPasswordPolicy (password: string, username: string, policy: PasswordPolicy, field = '/password'): void {
-  const broken = passwordViolation(password, username, policy, field)
+export function checkPasswordPolicy (password: string, owner: PasswordOwner, policy: PasswordPolicy, field = '/password'): void {
+  const broken = passwordViolation(password, owner, policy, field)
   if (broken !== undefined) throw broken
 }
 
-/**
- * The first rule of checkPasswordPolicy the password breaks, or undefined.
- * Without a username (a change that leaves it as stored), that rule is not
- * checked here; the service checks it against the stored one.
- */
-export function passwordViolation (password: string, username: string | undefined, policy: PasswordPolicy, field = '/password'): AppError | undefined {
+/** The first rule of checkPasswordPolicy the password breaks, or undefined. */
+export function passwordViolation (password: string, owner: PasswordOwner, policy: PasswordPolicy, field = '/password'): AppError | undefined {
   const length = [...password].length
   if (length < policy.minLength) {
     return violation('password_too_short', `The password must have at least ${policy.minLength} characters.`, field, `is shorter than ${policy.minLength} characters`)
@@ -50,10 +86,22 @@ export function passwordViolation (password: string, username: string | undefine
   if (length > policy.maxLength) {
     return violation('password_too_long', `The password must have at most ${policy.maxLength} characters.`, field, `is longer than ${policy.maxLength} characters`)
   }
-  if (username !== undefined && username !== '' && password.toLowerCase().includes(username.toLowerCase())) {
+  const lower = password.toLowerCase()
+  const { username } = owner
+  if (username !== undefined && username !== '' && lower.includes(username.toLowerCase())) {
     return violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
   }
-  if (commonPasswords().has(password.toLowerCase())) {
+  for (const email of owner.emails ?? []) {
+    if (email == null) continue
+    if (emailWords(email).some(word => lower.includes(word))) {
+      return violation('password_contains_email', 'The password must not contain the name part of the e-mail address.', field, 'contains the e-mail address\'s name part')
+    }
+  }
+  const word = policy.contextWords.find(w => lower.includes(w))
+  if (word !== undefined) {
+    return violation('password_contains_context_word', `The password must not contain "${word}": names tied to this service are among the first an attacker tries.`, field, `contains "${word}"`)
+  }
+  if (commonPasswords().has(lower)) {
     return violation('password_too_common', 'That password is on a list of commonly used passwords; choose another.', field, 'is a commonly used password')
   }
   return undefined

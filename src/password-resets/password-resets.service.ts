@@ -39,7 +39,7 @@ export interface PasswordResetsDeps {
   passwords: PasswordHasher
   failures: FailureCounter
   background: BackgroundTasks
-  config: Pick<Config, 'passwordSignIn' | 'passwordResetLifetimeMs' | 'passwordResetMaxPerHour' | 'passwordMinLength' | 'passwordMaxLength' |
+  config: Pick<Config, 'passwordSignIn' | 'passwordResetLifetimeMs' | 'passwordResetMaxPerHour' | 'passwordMinLength' | 'passwordMaxLength' | 'passwordContextWords' |
   'loginMaxFailuresPerAddress' | 'loginFailureWindowMs' | 'ldap' | 'publicUrl' | 'host' | 'port' | 'basePath'>
 }
 
@@ -193,7 +193,7 @@ export async function completePasswordReset (deps: PasswordResetsDeps, ctx: Requ
   const userId = await holderOf(deps, proof)
   const before = userId !== undefined ? await findUserById(deps.db, userId) : undefined
   if (before === undefined || await eligibility(deps, before) !== undefined) throw tokenInvalid()
-  checkPasswordPolicy(newPassword, before.username, passwordPolicyOf(deps.config), '/new_password')
+  checkPasswordPolicy(newPassword, { username: before.username, emails: [before.email] }, passwordPolicyOf(deps.config), '/new_password')
   const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'password_reset', before.id)
   const hash = await deps.passwords.hash(newPassword)
   const userCtx: RequestContext = { ...ctx, actorType: 'user', actorId: before.id }

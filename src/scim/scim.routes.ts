@@ -3,7 +3,7 @@ import type { FastifyTypeBox } from '../lib/http.ts'
 import { requestContext } from '../auth/auth.plugin.ts'
 import { AppError, logFailure, toAppError, type ErrorCode } from '../errors.ts'
 import { jsonParserWithPosition } from '../lib/json-body.ts'
-import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
+import { checkPasswordPolicy, passwordPolicyOf, type PasswordOwner } from '../lib/password-policy.ts'
 import {
   IfMatchHeaders,
   MAX_RESULTS,
@@ -71,6 +71,8 @@ const SCIM_ERRORS: Partial<Record<ErrorCode, { status?: number, scimType?: ScimT
   password_too_short: { status: 400, scimType: 'invalidValue' },
   password_too_long: { status: 400, scimType: 'invalidValue' },
   password_contains_username: { status: 400, scimType: 'invalidValue' },
+  password_contains_email: { status: 400, scimType: 'invalidValue' },
+  password_contains_context_word: { status: 400, scimType: 'invalidValue' },
   password_too_common: { status: 400, scimType: 'invalidValue' },
   too_many_groups: { scimType: 'invalidValue' }
 }
@@ -160,8 +162,8 @@ export default async function scimRoutes (app: FastifyTypeBox): Promise<void> {
   const read = { config: { scope: 'scim' as const } }
   const write = { config: { scope: 'scim' as const, accepts: SCIM_MEDIA_TYPES } }
   const policy = passwordPolicyOf(app.config)
-  const hashPassword = async (password: string, username: string): Promise<string> => {
-    checkPasswordPolicy(password, username, policy)
+  const hashPassword = async (password: string, owner: PasswordOwner): Promise<string> => {
+    checkPasswordPolicy(password, owner, policy)
     return await app.passwords.hash(password)
   }
   const scimOf = (request: FastifyRequest): ScimContext => ({ ctx: requestContext(request), baseUrl: baseUrlOf(request, app.prefix), hashPassword })

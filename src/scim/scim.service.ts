@@ -5,6 +5,7 @@ import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { nowIso } from '../lib/ids.ts'
 import { InvalidFilter, parseScimFilter, type Filter } from '../lib/scim-filter.ts'
+import type { PasswordOwner } from '../lib/password-policy.ts'
 import { changeUserRecorded, createUserRecorded, deleteUserRecorded, newUserRow, type UserChanges } from '../users/users.lifecycle.ts'
 import type { UserRow } from '../users/users.repository.ts'
 import { USERNAME_PATTERN } from '../users/users.schemas.ts'
@@ -39,7 +40,7 @@ export interface ScimContext {
   ctx: RequestContext
   baseUrl: string
   /** Applies the password rules (as the REST API does) and hashes; called before any transaction, as a hash takes milliseconds. */
-  hashPassword: (password: string, username: string) => Promise<string>
+  hashPassword: (password: string, owner: PasswordOwner) => Promise<string>
 }
 
 /** A SCIM resource as sent: an object of attributes. */
@@ -378,7 +379,7 @@ export async function getScimUser (db: Db, id: string, baseUrl: string): Promise
 export async function createScimUser (db: Db, scim: ScimContext, body: ScimResourceBody): Promise<ScimAnswer> {
   const fields = fieldsOf(body)
   const password = passwordOf(body)
-  const passwordHash = password !== undefined ? await scim.hashPassword(password, fields.username) : null
+  const passwordHash = password !== undefined ? await scim.hashPassword(password, { username: fields.username, emails: (fields.scim_emails ?? []).map(e => e.value) }) : null
   return await db.transaction().execute(async trx => {
     const now = nowIso()
     const row = newUserRow({
@@ -448,11 +449,13 @@ async function applyResource (trx: Db, scim: ScimContext, current: ScimUserRow, 
   return await readUser(trx, current.id, scim.baseUrl)
 }
 
-/** A new password is hashed before the transaction, against the userName it will have. */
+/** A new password is hashed before the transaction, against the userName and addresses the user will have. */
 async function hashOf (scim: ScimContext, password: string | undefined, resource: Resource): Promise<string | undefined> {
   if (password === undefined) return undefined
   const userName = attr(resource, 'userName')
-  return await scim.hashPassword(password, typeof userName === 'string' ? userName : '')
+  const emails = attr(resource, 'emails')
+  const addresses = Array.isArray(emails) ? emails.map(e => isObject(e) ? attr(e, 'value') : undefined).filter(v => typeof v === 'string') : []
+  return await scim.hashPassword(password, { username: typeof userName === 'string' ? userName : '', emails: addresses })
 }
 
 export async function replaceScimUser (db: Db, scim: ScimContext, id: string, body: ScimResourceBody, ifMatch: string | undefined): Promise<ScimAnswer> {
@@ -575,9 +578,13 @@ export async function patchScimUser (db: Db, scim: ScimContext, id: string, body
   const split = splitPassword(body)
   let passwordHash: string | undefined
   if (split.password !== undefined) {
-    // The rules compare the password with the userName: the one this PATCH sets, or the user's.
-    const renamed = split.body.Operations.find(o => o.path?.toLowerCase() === 'username' && typeof o.value === 'string')?.value as string | undefined
-    passwordHash = await scim.hashPassword(split.password, renamed ?? (await findScimUserById(db, id))?.username ?? '')
+    // The rules compare the password with the userName and addresses the user
+    // will have: this PATCH applied to the user as read now, before the hash
+    // (which must not hold a write lock).
+    const stored = await findScimUserById(db, id)
+    if (stored === undefined) throw notFound(id)
+    const resource = userResource(stored, scim.baseUrl, [])
+    passwordHash = await hashOf(scim, split.password, split.body.Operations.length > 0 ? patchedResource(resource, split.body) : resource)
   }
   return await db.transaction().execute(async trx => {
     const current = await findScimUserById(trx, id)

@@ -20,7 +20,7 @@ export type Session = Static<typeof Session>
 
 export const PasswordChange = Type.Object({
   current_password: Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true }),
-  new_password: Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true, description: '8 to 256 characters, not common, not containing the username.' })
+  new_password: Type.String({ minLength: 1, maxLength: 1024, format: 'password', writeOnly: true, description: '8 to 256 characters, not common, not containing the username, the e-mail address\'s name part or the service\'s names (PASSWORD_CONTEXT_WORDS).' })
 }, { $id: 'PasswordChange', additionalProperties: false })
 export type PasswordChange = Static<typeof PasswordChange>
 

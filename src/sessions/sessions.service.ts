@@ -272,7 +272,7 @@ export async function changeOwnPassword (deps: SessionsDeps, principal: Principa
   }
   const checkedHash = user.password_hash
   await deps.failures.release(budgets.map(b => b.key))
-  checkPasswordPolicy(newPassword, user.username, passwordPolicyOf(deps.config), '/new_password')
+  checkPasswordPolicy(newPassword, { username: user.username, emails: [user.email] }, passwordPolicyOf(deps.config), '/new_password')
   const hash = await deps.passwords.hash(newPassword)
   await deps.db.transaction().execute(async trx => {
     await changeOwnPasswordRecorded(trx, ctx, { id: user.id, checkedHash }, hash, principal.id)

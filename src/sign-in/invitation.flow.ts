@@ -34,7 +34,7 @@ export async function acceptInvitation (deps: SessionsDeps, ctx: SignInContext, 
   const before = userId !== undefined ? await findUserById(deps.db, userId) : undefined
   // A name without a pending invitation is one more wrong code: its unit stays taken.
   if (before === undefined || !toBool(before.invitation_pending) || toBool(before.disabled)) throw tokenInvalid()
-  checkPasswordPolicy(password, before.username, passwordPolicyOf(deps.config))
+  checkPasswordPolicy(password, { username: before.username, emails: [before.email] }, passwordPolicyOf(deps.config))
   const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'invitation', before.id)
   const hash = await deps.passwords.hash(password)
   const userCtx = { ...ctx, actorType: 'user' as const, actorId: before.id }

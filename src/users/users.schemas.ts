@@ -23,7 +23,7 @@ const Password = Type.String({
   maxLength: 1024,
   format: 'password',
   writeOnly: true,
-  description: 'Write-only: never returned. 8 to 256 characters, not containing the username.'
+  description: 'Write-only: never returned. 8 to 256 characters, not common, not containing the username, the e-mail address\'s name part or the service\'s names (PASSWORD_CONTEXT_WORDS).'
 })
 const NullableTimestamp = Nullable(Timestamp())
 const PasswordSignIn = Type.Boolean({

@@ -5,7 +5,7 @@ import { recordEvent } from '../events/events.repository.ts'
 import { nowIso } from '../lib/ids.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import { checkImportedHash, type ImportedHashScheme, type PasswordHasher } from '../lib/passwords.ts'
-import { checkPasswordPolicy, passwordViolation, type PasswordPolicy } from '../lib/password-policy.ts'
+import { checkPasswordPolicy, passwordViolation, type PasswordOwner, type PasswordPolicy } from '../lib/password-policy.ts'
 import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import {
   clearSignInLock,
@@ -101,7 +101,7 @@ export async function createUser (deps: UsersDeps, principal: Principal, ctx: Re
       errors: [{ in: 'body', pointer: '/password', detail: 'not with invite: true' }]
     })
   }
-  const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, input.username) : null
+  const passwordHash = input.password !== undefined ? await hashChecked(deps, input.password, { username: input.username, emails: [input.email] }) : null
   const code = invite === true ? await prepareCode(deps.passwords) : undefined
   return await deps.db.transaction().execute(async trx => {
     const row = await createUserRecorded(trx, ctx, newUserRow({ ...fields, invitation_pending: invite === true }, passwordHash, passwordHash !== null, nowIso()), invite === true ? { invited: true } : {})
@@ -276,7 +276,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
   }
   assertIfMatch(ifMatch, before.version)
   const passwordHash = patch.password !== undefined
-    ? await hashChecked(deps, patch.password, patch.username ?? before.username)
+    ? await hashChecked(deps, patch.password, { username: patch.username ?? before.username, emails: [patch.email !== undefined ? patch.email : before.email] })
     : undefined
 
   const { password: _password, ...fields } = patch
@@ -308,13 +308,13 @@ export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx
  * that matches goes on to hashChecked, which applies the same rules.
  */
 export function passwordRuleErrors (body: unknown, policy: PasswordPolicy): FieldError[] {
-  const { password, username } = (typeof body === 'object' && body !== null ? body : {}) as Record<string, unknown>
+  const { password, username, email } = (typeof body === 'object' && body !== null ? body : {}) as Record<string, unknown>
   if (typeof password !== 'string') return []
-  return passwordViolation(password, typeof username === 'string' ? username : undefined, policy)?.errors ?? []
+  return passwordViolation(password, { username: typeof username === 'string' ? username : undefined, emails: [typeof email === 'string' ? email : undefined] }, policy)?.errors ?? []
 }
 
-async function hashChecked (deps: UsersDeps, password: string, username: string): Promise<string> {
-  checkPasswordPolicy(password, username, deps.passwordPolicy)
+async function hashChecked (deps: UsersDeps, password: string, owner: PasswordOwner): Promise<string> {
+  checkPasswordPolicy(password, owner, deps.passwordPolicy)
   return await deps.passwords.hash(password)
 }
 
@@ -377,7 +377,7 @@ export async function importUsers (deps: UsersDeps, principal: Principal, ctx: R
       plan.scheme = checked.scheme
     } else if (item.password !== undefined) {
       try {
-        checkPasswordPolicy(item.password, item.username, deps.passwordPolicy)
+        checkPasswordPolicy(item.password, { username: item.username, emails: [item.email] }, deps.passwordPolicy)
       } catch (error) {
         if (!(error instanceof AppError)) throw error
         fail(plan, error.code, error.detail)
