@@ -28,7 +28,7 @@ for (const dialect of dialects()) {
   describe(`e-mail verification and change over SMTP (${dialect.name})`, () => {
     const t = useTestApp(dialect, mailSettings(smtp))
 
-    it('a new user\'s address is unverified; confirming it by link sets email_verified', async () => {
+    it('a new user\'s address is unverified; confirming it by link sets email_verified and answers with the user\'s ETag', async () => {
       const user = await signedInUser(t)
       assert.equal((await readUser(t, user.id)).email_verified, false)
       const sent = await t.app.inject({ method: 'POST', url: '/auth/api/me/email', headers: user.bearer, payload: {} })
@@ -43,6 +43,8 @@ for (const dialect of dialects()) {
       const confirmed = await t.app.inject({ method: 'POST', url: '/auth/api/email-verifications/confirm', payload: { token } })
       assert.equal(confirmed.statusCode, 200, confirmed.body)
       assert.equal(confirmed.json().email_verified, true)
+      const read = await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })
+      assert.equal(confirmed.headers.etag, read.headers.etag, 'the confirmed account carries the ETag an If-Match on Update User needs')
       assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/email-verifications/confirm', payload: { token } })).json().code, 'token_invalid')
       assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/me/email', headers: user.bearer, payload: {} })).statusCode, 409, 'already confirmed')
     })

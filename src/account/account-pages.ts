@@ -220,7 +220,7 @@ ${token !== undefined
     }
     if (proof === undefined) return await again(422, 'Type the address and the code from the mail.')
     try {
-      const user = await confirmEmail(verification, requestContext(request), proof)
+      const { user } = await confirmEmail(verification, requestContext(request), proof)
       return send(reply, 200, page('Address confirmed', `<p id="done"><strong>${escapeHtml(user.email ?? '')}</strong> is now the confirmed address of <strong>${escapeHtml(user.username)}</strong>.</p>\n<p><a href="${basePath}/account">Your account</a></p>\n`))
     } catch (error) {
       const shown = shownError(error)

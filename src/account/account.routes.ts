@@ -1,7 +1,7 @@
 import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext } from '../auth/auth.plugin.ts'
 import { coerceFormFields } from '../lib/forms.ts'
-import { problems, ref, SECURITY } from '../lib/openapi.ts'
+import { problems, ref, SECURITY, withHeaders } from '../lib/openapi.ts'
 import type { BackgroundTasks } from '../lib/background.ts'
 import { Session } from '../sessions/sessions.schemas.ts'
 import { MfaChallenge } from '../mfa/mfa.schemas.ts'
@@ -13,6 +13,7 @@ import { tokenProofOf } from '../tokens/tokens.schemas.ts'
 import { completePasswordReset, issuePasswordReset, requestPasswordReset, type PasswordResetsDeps } from '../password-resets/password-resets.service.ts'
 import { PASSWORD_RESET_ACCEPTED_TEXT, PasswordResetAccepted, PasswordResetCompletion, PasswordResetLink, PasswordResetRequest } from '../password-resets/password-resets.schemas.ts'
 import { UserIdParams } from '../users/users.schemas.ts'
+import { etagOf } from '../users/users.service.ts'
 import { confirmEmail, sendEmailVerification, type EmailVerificationDeps } from '../email-verification/email-verification.service.ts'
 import { EmailConfirmation, EmailVerificationRequest, EmailVerificationSent, InvitationAcceptance } from './account.schemas.ts'
 import { AppError } from '../errors.ts'
@@ -134,8 +135,11 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
       description: 'Confirms an address with its link\'s `token`, or `login` (the address) and the mailed `code`; needs no session. The account\'s address becomes it, ' +
         'with `email_verified: true`. A used, replaced or expired token, or a wrong code, is 400 `token_invalid`.' + DOC,
       body: ref(EmailConfirmation),
-      response: { 200: { ...ref(User), description: 'The account, with its confirmed address.' }, ...problems(400, 409, 415, 422, 429, 503) }
+      response: { 200: withHeaders({ ...ref(User), description: 'The account, with its confirmed address; `ETag` versions it, as Get User\'s does.' }, 'ETag'), ...problems(400, 409, 415, 422, 429, 503) }
     },
     config: { accepts: JSON_TYPES }
-  }, async (request) => await confirmEmail(verification, requestContext(request), tokenProofOf(request.body)))
+  }, async (request, reply) => {
+    const { user, version } = await confirmEmail(verification, requestContext(request), tokenProofOf(request.body))
+    return await reply.header('ETag', etagOf(version)).send(user)
+  })
 }

@@ -72,7 +72,7 @@ export async function sendEmailVerification (deps: EmailVerificationDeps, princi
  * account's address becomes the confirmed one (unless someone else took it
  * meanwhile: 409), verified.
  */
-export async function confirmEmail (deps: EmailVerificationDeps, ctx: RequestContext, proof: TokenProof): Promise<User> {
+export async function confirmEmail (deps: EmailVerificationDeps, ctx: RequestContext, proof: TokenProof): Promise<{ user: User, version: number }> {
   const byCode = !('token' in proof)
   if (byCode) await reserveCodeAttempt(deps, ctx.clientIp)
   const checked = await checkTokenProof(deps.db, deps.passwords, proof, 'email_verification')
@@ -86,7 +86,7 @@ export async function confirmEmail (deps: EmailVerificationDeps, ctx: RequestCon
     const changing = used.email.toLowerCase() !== user.email?.toLowerCase()
     const changed = await changeUserRecorded(trx, userCtx, user.id, { ...(changing ? { email: used.email } : {}), email_verified: true }, { lastAdmin: 'refuse', extra: { via: 'email_verification' } })
     await recordEvent(trx, userCtx, 'user.email_verified', { type: 'user', id: user.id }, { email: used.email, ...(changing ? { changed_from: user.email } : {}), via: byCode ? 'code' : 'link' })
-    return changed.user
+    return { user: changed.user, version: changed.version }
   })
   if (outcome === undefined) throw tokenInvalid()
   if (byCode) await releaseCodeAttempt(deps, ctx.clientIp)
