@@ -8,6 +8,7 @@ import pg from 'pg'
 import { createRoleSql, parsePrivileges, roleNameProblem, saslprep, scramVerifier } from '../src/cli/pg-role.ts'
 import { auth, createTestApp, type TestApp } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
+import { waitFor } from './polling.ts'
 
 const STRICT = /^[a-z_][a-z0-9_$]{0,62}$/
 const HOSTILE = [
@@ -253,7 +254,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
       await admin.query("ALTER SYSTEM SET log_statement = 'all'")
       await admin.query('SELECT pg_reload_conf()')
       try {
-        await waitFor(async () => {
+        await waitFor('the server to log every statement', async () => {
           const probe = new pg.Client({ connectionString: url })
           await probe.connect()
           const value = (await probe.query('SHOW log_statement')).rows[0].log_statement
@@ -278,7 +279,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
         assert.equal(await roleRow(username), undefined)
 
         let log = ''
-        await waitFor(async () => {
+        await waitFor('both CREATE ROLE statements in the server log', async () => {
           // `offset` counts bytes (the file's size): cut the bytes, then decode. Decoding first and
           // cutting characters skipped as many characters as the log held bytes beyond one per
           // character, and once other tests' logged statements held enough non-ASCII text, that
@@ -317,12 +318,4 @@ async function serverLog (client: pg.Client): Promise<string | undefined> {
     } catch {}
   }
   return undefined
-}
-
-async function waitFor (check: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!await check()) {
-    if (Date.now() > deadline) throw new Error('timed out waiting')
-    await new Promise(resolve => setTimeout(resolve, 100))
-  }
 }

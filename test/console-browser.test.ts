@@ -8,7 +8,8 @@ import { generate } from 'otplib'
 import type { Page } from 'playwright-core'
 import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
-import { Receiver, waitFor } from './webhook-receiver.ts'
+import { Receiver } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 /** Screenshots of every page at both widths, for people to look at (gitignored). */
 const ARTIFACTS = new URL('./artifacts/', import.meta.url)

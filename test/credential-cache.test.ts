@@ -8,6 +8,7 @@ import { buildApp } from '../src/app.ts'
 import type { FastifyTypeBox } from '../src/lib/http.ts'
 import { defaultConfig } from '../src/config.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { waitFor } from './polling.ts'
 
 // A minute: longer than any test waits, so only an invalidation (never the
 // entry running out) can make a change take effect in these tests.
@@ -60,14 +61,14 @@ for (const dialect of dialects()) {
     before(async () => {
       t = await createTestApp(dialect, { credentialCacheTtlMs: TTL_MS })
       // The listener connects in the background; until it listens, nothing is cached (CI's stop 13 run asserted too early).
-      if (dialect.name === 'postgres') await waitFor(() => t.app.credentials.enabled, 'the instance listens for credential changes')
+      if (dialect.name === 'postgres') await waitFor('the instance listens for credential changes', () => t.app.credentials.enabled, 20_000)
     })
     after(async () => { await t?.app.close() })
 
     it('keeps a checked API key, and a revoked one stops working at the next request', async () => {
       const key = await createKey(t)
       // Asked again if a notice of an earlier change (the test app's own set-up) emptied the cache meanwhile.
-      await waitForAsync(async () => await status(t.app, '/auth/api/users?limit=1', auth(key.key)) === 200 && cached(t.app) > 0, 'the key is cached after its use')
+      await waitFor('the key is cached after its use', async () => await status(t.app, '/auth/api/users?limit=1', auth(key.key)) === 200 && cached(t.app) > 0)
       assert.equal((await t.app.inject({ method: 'DELETE', url: `/auth/api/api-keys/${key.id}`, headers: auth(t.adminKey) })).statusCode, 204)
       assert.equal(await status(t.app, '/auth/api/users?limit=1', auth(key.key)), 401)
     })
@@ -114,7 +115,7 @@ for (const dialect of dialects()) {
         } finally {
           await client.end()
         }
-        await waitFor(() => t.app.credentials.generation() > generation, 'the app hears the marker notice')
+        await waitFor('the app hears the marker notice', () => t.app.credentials.generation() > generation, 20_000)
       }
       return t.app.credentials.generation()
     }
@@ -124,7 +125,7 @@ for (const dialect of dialects()) {
       const bearer = await signIn(t.app, gate.username)
       const other = await createUser(t)
       await settleNotices()
-      await waitForAsync(async () => await status(t.app, '/auth/api/verify', bearer) === 200 && cached(t.app) > 0, 'the session is cached after its use')
+      await waitFor('the session is cached after its use', async () => await status(t.app, '/auth/api/verify', bearer) === 200 && cached(t.app) > 0)
       const generation = t.app.credentials.generation()
       const size = cached(t.app)
       await signIn(t.app, other.username)
@@ -137,7 +138,7 @@ for (const dialect of dialects()) {
     it('a write that changes no credential row leaves the cache as it is (ending the sessions of a user who has none)', async () => {
       const user = await createUser(t)
       await settleNotices()
-      await waitForAsync(async () => await status(t.app, '/auth/api/users?limit=1', auth(t.adminKey)) === 200 && cached(t.app) > 0, 'the admin key is cached after its use')
+      await waitFor('the admin key is cached after its use', async () => await status(t.app, '/auth/api/users?limit=1', auth(t.adminKey)) === 200 && cached(t.app) > 0)
       const generation = t.app.credentials.generation()
       const ended = await t.app.inject({ method: 'DELETE', url: `/auth/api/users/${user.id}/sessions`, headers: auth(t.adminKey) })
       assert.equal(ended.statusCode, 200, ended.body)
@@ -164,7 +165,7 @@ for (const dialect of dialects()) {
           // the sign-in has arrived, a notice from the sign-in would have arrived before it.
           const roundTrip = async (marker: string): Promise<string[]> => {
             await listener.query('select pg_notify($1, $2)', ['gatehouse_credentials', marker])
-            await waitFor(() => notices.includes(marker), `the marker ${marker} arrives`)
+            await waitFor(`the marker ${marker} arrives`, () => notices.includes(marker), 20_000)
             return notices.splice(0).filter(payload => payload === schema)
           }
           const user = await createUser(t)
@@ -197,7 +198,7 @@ for (const dialect of dialects()) {
       await b.ready()
       if (dialect.name === 'postgres') {
         // The listener connects in the background; until it listens, B caches nothing.
-        await waitFor(() => b.credentials.enabled, 'instance B listens for credential changes')
+        await waitFor('instance B listens for credential changes', () => b.credentials.enabled, 20_000)
       }
     })
     after(async () => {
@@ -209,7 +210,7 @@ for (const dialect of dialects()) {
     it('a key revoked on A stops working on B, which had it cached', async () => {
       const key = await createKey(a)
       // Asked again if a notice of an earlier change (the apps' own set-up) emptied B's cache meanwhile.
-      await waitForAsync(async () => await status(b, '/auth/api/users?limit=1', auth(key.key)) === 200 && cached(b) > 0, 'B caches the key')
+      await waitFor('B caches the key', async () => await status(b, '/auth/api/users?limit=1', auth(key.key)) === 200 && cached(b) > 0)
       await a.app.inject({ method: 'DELETE', url: `/auth/api/api-keys/${key.id}`, headers: auth(a.adminKey) })
       await until(b, '/auth/api/users?limit=1', auth(key.key), 401, ACROSS_INSTANCES_MS)
     })
@@ -250,11 +251,11 @@ for (const dialect of dialects()) {
         } finally {
           await admin.end()
         }
-        await waitFor(() => !b.credentials.enabled, 'B notices its listener is gone')
+        await waitFor('B notices its listener is gone', () => !b.credentials.enabled, 20_000)
         await a.app.inject({ method: 'DELETE', url: `/auth/api/api-keys/${key.id}`, headers: auth(a.adminKey) })
         // No notice can reach B now; it must not answer from what it had.
         assert.equal(await status(b, '/auth/api/users?limit=1', auth(key.key)), 401)
-        await waitFor(() => b.credentials.enabled, 'B listens again')
+        await waitFor('B listens again', () => b.credentials.enabled, 20_000)
         const next = await createKey(a)
         assert.equal(await status(b, '/auth/api/users?limit=1', auth(next.key)), 200)
         await a.app.inject({ method: 'DELETE', url: `/auth/api/api-keys/${next.id}`, headers: auth(a.adminKey) })
@@ -262,20 +263,4 @@ for (const dialect of dialects()) {
       })
     }
   })
-}
-
-async function waitForAsync (condition: () => Promise<boolean>, what: string, withinMs = 5_000): Promise<void> {
-  const started = Date.now()
-  while (!await condition()) {
-    if (Date.now() - started > withinMs) assert.fail(`timed out waiting: ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 20))
-  }
-}
-
-async function waitFor (condition: () => boolean, what: string, withinMs = 20_000): Promise<void> {
-  const started = Date.now()
-  while (!condition()) {
-    if (Date.now() - started > withinMs) assert.fail(`timed out waiting: ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 20))
-  }
 }

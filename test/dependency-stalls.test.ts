@@ -2,7 +2,8 @@ import assert from 'node:assert/strict'
 import { connect, createServer, type AddressInfo, type Server, type Socket } from 'node:net'
 import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
-import { auth, createTestApp, dialects, eventually, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, type TestApp } from './helpers.ts'
+import { eventually } from './polling.ts'
 import { NO_REDIS, TEST_REDIS_URL, testRedisAddress, testRedisUrlVia } from './redis.ts'
 
 /**

@@ -6,7 +6,8 @@ import type { Config } from '../src/config.ts'
 import * as groupsMigration from '../src/db/migrations/0012_groups.ts'
 import * as memberOrderMigration from '../src/db/migrations/0018_group_member_order.ts'
 import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
-import { Receiver, waitFor } from './webhook-receiver.ts'
+import { Receiver } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 /** Short webhook intervals, so deliveries arrive within a test's patience; the receiver is on 127.0.0.1. */
 const FAST: Partial<Config> = { webhookAllowPrivate: true, webhookPollIntervalMs: 50, webhookRetryBaseMs: 50, webhookRetryMaxDelayMs: 200, webhookTimeoutMs: 2000 }

@@ -90,20 +90,6 @@ export function uniqueName (stem = 'user'): string {
 
 export const GOOD_PASSWORD = 'correct horse battery staple'
 
-/** Repeats `attempt` until it passes or `withinMs` has gone by (reconnecting takes a moment); its last failure if it never does. */
-export async function eventually (withinMs: number, attempt: () => Promise<void>): Promise<void> {
-  const deadline = Date.now() + withinMs
-  for (;;) {
-    try {
-      await attempt()
-      return
-    } catch (error) {
-      if (Date.now() > deadline) throw error
-      await new Promise(resolve => setTimeout(resolve, 100))
-    }
-  }
-}
-
 /**
  * Why the suites that kill a running service with SIGKILL skip, or false
  * when they run: TEST_CRASH=off (CI runs them on its first Node only,

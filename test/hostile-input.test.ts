@@ -5,7 +5,8 @@ import { after, before, describe, it } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import type { InjectOptions } from 'fastify'
 import { Redis } from 'ioredis'
-import { auth, createTestApp, dialects, eventually, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { eventually } from './polling.ts'
 import { NO_REDIS, TEST_REDIS_URL } from './redis.ts'
 
 interface Answer { statusCode: number, headers: Record<string, unknown>, body: string }

@@ -10,7 +10,7 @@ import { after, describe, it } from 'node:test'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
 import { crashTestsSkipped, dialects, dropSchema, GOOD_PASSWORD } from './helpers.ts'
-import { waitFor } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 import { freePort } from './ports.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 

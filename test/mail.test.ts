@@ -14,7 +14,7 @@ import { SYSTEM_CONTEXT } from '../src/auth/principal.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { SmtpTestServer } from './smtp-server.ts'
 import { SoftAuthenticator } from './soft-authenticator.ts'
-import { waitFor } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 const ORIGIN = 'http://localhost:8080'
 const FIREFOX_WINDOWS = 'Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 Firefox/133.0'

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { mailedCode, mailSettings, PUBLIC_URL, smtpForThisFile } from './mail-flows.ts'
-import { waitFor } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 import { listen, runCli } from './cli-helpers.ts'
 
 const smtp = await smtpForThisFile()

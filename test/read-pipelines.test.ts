@@ -4,7 +4,8 @@ import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
 import { loadConfig } from '../src/config.ts'
-import { auth, createTestApp, dialects, eventually, uniqueName, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, uniqueName, type TestApp } from './helpers.ts'
+import { eventually } from './polling.ts'
 
 const postgres = dialects().find(d => d.name === 'postgres')
 const PAGE = 10

@@ -11,7 +11,7 @@ import { after, before, describe, it } from 'node:test'
 import { fileURLToPath } from 'node:url'
 import { dialects, dropSchema } from './helpers.ts'
 import { freePort } from './ports.ts'
-import { waitFor } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 import { SHUTDOWN_CAP_MS } from '../src/server.ts'
 
 const root = fileURLToPath(new URL('..', import.meta.url))

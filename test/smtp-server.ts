@@ -3,7 +3,7 @@ import type { AddressInfo } from 'node:net'
 import { simpleParser } from 'mailparser'
 import selfsigned from 'selfsigned'
 import { SMTPServer, type SMTPServerSession } from 'smtp-server'
-import { waitFor } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 /**
  * A real SMTP server for the mail tests (nodemailer's smtp-server): it offers

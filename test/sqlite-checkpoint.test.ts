@@ -10,8 +10,7 @@ import { loadConfig } from '../src/config.ts'
 import { WAL_SIZE_LIMIT_BYTES } from '../src/db/database.ts'
 import { Sqlite } from '../src/db/sqlite-binding.ts'
 import { checkpointInBackground } from '../src/db/sqlite-checkpoint.ts'
-import { eventually } from './helpers.ts'
-import { waitFor } from './webhook-receiver.ts'
+import { eventually, waitFor } from './polling.ts'
 
 /*
  * SQLite only: PostgreSQL has no WAL of ours to checkpoint. The server's

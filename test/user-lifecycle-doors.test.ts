@@ -37,7 +37,8 @@ import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type Dialect } f
 import { listen, runCli } from './cli-helpers.ts'
 import { signInAtOp, startTestOp, type AccountClaims, type TestOp } from './oidc-op.ts'
 import { directorySettings, slapdAvailable, startDirectory, type Directory } from './ldap-server.ts'
-import { Receiver, waitFor } from './webhook-receiver.ts'
+import { Receiver } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 /** Where browsers reach gatehouse; the provider redirects there and the test hands the callback to app.inject. */
 const ORIGIN = 'http://gatehouse.test'

@@ -73,11 +73,3 @@ export class Receiver {
     await new Promise<void>(resolve => this.#server.close(() => { resolve() }))
   }
 }
-
-export async function waitFor (what: string, check: () => boolean | Promise<boolean>, timeoutMs = 15_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`)
-    await new Promise(resolve => setTimeout(resolve, 20))
-  }
-}

@@ -10,7 +10,8 @@ import { after, describe, it } from 'node:test'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
 import { crashTestsSkipped, dialects, dropSchema } from './helpers.ts'
-import { Receiver, waitFor } from './webhook-receiver.ts'
+import { Receiver } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 import { freePort } from './ports.ts'
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url))

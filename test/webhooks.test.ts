@@ -7,7 +7,8 @@ import type { Config } from '../src/config.ts'
 import { purgeWebhookHistory } from '../src/webhooks/webhooks.service.ts'
 import { auth, createTestApp, dialects, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 import { listen, runCli } from './cli-helpers.ts'
-import { Receiver, waitFor } from './webhook-receiver.ts'
+import { Receiver } from './webhook-receiver.ts'
+import { waitFor } from './polling.ts'
 
 /** Short intervals, so retries and polls happen within a test's patience; receivers are on 127.0.0.1. */
 const FAST: Partial<Config> = {
