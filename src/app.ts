@@ -470,9 +470,9 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
       ],
       components: {
         securitySchemes: {
-          ApiKeyQuery: { type: 'apiKey', in: 'query', name: 'API_KEY', description: 'The main API\'s form; can be switched off.' },
-          ApiKeyHeader: { type: 'apiKey', in: 'header', name: 'X-API-Key' },
-          Bearer: { type: 'http', scheme: 'bearer', description: 'An API key as a bearer token.' }
+          ApiKeyQuery: { type: 'apiKey', in: 'query', name: 'API_KEY', description: 'The main API\'s form, for API keys only (a session token is refused here); can be switched off.' },
+          ApiKeyHeader: { type: 'apiKey', in: 'header', name: 'X-API-Key', description: 'An API key, or a session token.' },
+          Bearer: { type: 'http', scheme: 'bearer', description: 'An API key, or a session token, as a bearer token.' }
         }
       }
     },

@@ -77,6 +77,8 @@ for (const dialect of dialects()) {
       assert.equal(byToken.json().id, user.id)
       const byCookie = await t.app.inject({ url: '/auth/api/me', headers: { cookie: sessionCookie(res) } })
       assert.equal(byCookie.json().id, user.id)
+      const byHeader = await t.app.inject({ url: '/auth/api/me', headers: { 'x-api-key': res.json().token } })
+      assert.equal(byHeader.json().id, user.id)
       // The same ETag as Get User's, so that an If-Match on Update User can follow a read of /me.
       const read = await t.app.inject({ url: `/auth/api/users/${user.id}`, headers: auth(t.adminKey) })
       assert.match(String(byToken.headers.etag), /^"\d+"$/)
@@ -156,6 +158,20 @@ for (const dialect of dialects()) {
       // Once the lock has run out, the count starts afresh: one more mistake does not lock again.
       assert.equal((await login(t, user.username, 'not the password at all')).statusCode, 401)
       assert.equal((await login(t, user.username)).statusCode, 200)
+    })
+
+    it('never takes a session token from the URL, where history, proxies\' logs and Referer headers keep it (401)', async () => {
+      const user = await createUser(t, { role: 'admin' })
+      const token = (await login(t, user.username)).json().token as string
+      const inUrl = await t.app.inject({ url: `/auth/api/me?API_KEY=${token}` })
+      assert.equal(inUrl.statusCode, 401)
+      assert.equal(inUrl.json().code, 'unauthenticated')
+      assert.match(inUrl.json().detail, /never taken from the URL/)
+      assert.equal((await t.app.inject({ url: '/auth/api/me', headers: { authorization: `Bearer ${token}` } })).statusCode, 200, 'the session itself goes on')
+      const made = await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: { authorization: `Bearer ${token}` }, payload: { name: 'url' } })
+      assert.equal(made.statusCode, 201, made.body)
+      const key = made.json()
+      assert.equal((await t.app.inject({ url: `/auth/api/me?API_KEY=${key.key as string}` })).statusCode, 200, 'an API key still may')
     })
 
     it('signs out: the token and the cookie stop working at once', async () => {

@@ -55,6 +55,12 @@ function takeCredential (request: FastifyRequest, allowQuery: boolean): Credenti
   if (fromQuery !== undefined) {
     if (!allowQuery) throw unauthenticated('API keys in the URL are switched off here; send the key in the X-API-Key or Authorization header.')
     if (typeof fromQuery !== 'string' || fromQuery === '') throw unauthenticated('Give API_KEY once, with a value.')
+    // The URL form is for API keys, as the main API's clients send them
+    // (PRODUCT §4). A session is a person's sign-in: in a URL it would stay in
+    // browser history, proxies' logs and Referer headers (ASVS 14.2.1).
+    if (fromQuery.startsWith(SESSION_TOKEN_PREFIX)) {
+      throw unauthenticated('A session token is never taken from the URL; send it as "Authorization: Bearer <token>" or X-API-Key.')
+    }
     return { secret: fromQuery, fromCookie: false }
   }
   const cookie = sessionCookieOf(request)
