@@ -41,6 +41,8 @@ import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.sche
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import { Event } from './events/events.schemas.ts'
 import eventsRoutes from './events/events.routes.ts'
+import databaseRolesRoutes from './database-roles/database-roles.routes.ts'
+import { DatabaseRoleChange } from './database-roles/database-roles.schemas.ts'
 import { WEBHOOK_SCHEMAS } from './webhooks/webhooks.schemas.ts'
 import webhooksRoutes from './webhooks/webhooks.routes.ts'
 import { WebhookWorker } from './webhooks/webhooks.worker.ts'
@@ -119,7 +121,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS, DatabaseRoleChange]
 
 export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
   const { config } = options
@@ -410,6 +412,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     await api.register(groupsRoutes)
     await api.register(apiKeysRoutes)
     await api.register(eventsRoutes)
+    await api.register(databaseRolesRoutes)
     await api.register(webhooksRoutes, { sender: webhooks.sender })
     await api.register(scimRoutes, { prefix: '/scim/v2' })
     const dummyHash = await dummyHashing

@@ -127,8 +127,8 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     const password = `pw ${randomBytes(6).toString('hex')}`
     const r = await runCli(['db-user', 'create', name, '--password-stdin', '--json'], { env, input: `${password}\n` })
     assert.equal(r.code, 0, r.stderr)
-    assert.deepEqual(JSON.parse(r.stdout), { role: name, privileges: ['createdb', 'login'], created: true })
-    assert.equal(r.stderr, '')
+    assert.deepEqual(JSON.parse(r.stdout), { role: name, privileges: ['createdb', 'login'], created: true, event_id: null })
+    assert.equal(r.stderr, 'gatehouse: the role change is not recorded in gatehouse\'s events; set GATEHOUSE_API_KEY (and GATEHOUSE_URL) to record it as database_role.created\n')
     const row = (await roleRow(name))!
     assert.deepEqual({ ...row, rolpassword: undefined }, {
       rolname: name, rolsuper: false, rolcreatedb: true, rolcreaterole: false, rolcanlogin: true, rolinherit: true, rolreplication: false, rolbypassrls: false, rolpassword: undefined
@@ -145,7 +145,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     const superName = newName()
     const su = await runCli(['db-user', 'create', superName, '--privileges', 'superuser,createrole', '--password-stdin', '--json'], { env, input: 'another password\n' })
     assert.equal(su.code, 0, su.stderr)
-    assert.match(su.stderr, /^gatehouse: warning: superuser bypasses every permission check[^\n]*\n$/)
+    assert.match(su.stderr, /^gatehouse: warning: superuser bypasses every permission check[^\n]*\ngatehouse: the role change is not recorded[^\n]*\n$/)
     assert.deepEqual(JSON.parse(su.stdout).privileges, ['superuser', 'createrole', 'login'])
     assert.deepEqual([(await roleRow(superName))!.rolsuper, (await roleRow(superName))!.rolcanlogin, (await roleRow(superName))!.rolcreaterole, (await roleRow(superName))!.rolcreatedb], [true, true, true, false])
 
@@ -217,7 +217,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
       const created = await runCli(['users', 'create', name, '--db-user', '--privileges', 'login', '--password-stdin', '--json'], { env: cliEnv, input: `${password}\n` })
       assert.equal(created.code, 0, created.stderr)
       const out = JSON.parse(created.stdout)
-      assert.deepEqual(out.db_role, { name, privileges: ['login'] })
+      assert.deepEqual({ ...out.db_role, event_id: undefined }, { name, privileges: ['login'], event_id: undefined })
       assert.equal((await userNamed(name)).id, out.id)
       const row = (await roleRow(name))!
       assert.deepEqual([row.rolcanlogin, row.rolcreatedb, row.rolsuper], [true, false, false])
@@ -240,6 +240,40 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
       assert.equal(missingRole.code, 1)
       assert.match(missingRole.stderr, /no database role is named .*the user was not deleted/)
       assert.ok(await userNamed(other))
+    })
+
+    it('records each role change as a database_role event whose actor is the key, with the role, its privileges, the database and the user', async () => {
+      const eventsOf = async (type: string, role: string) =>
+        ((await t.app.inject({ url: `/auth/api/events?type=${type}`, headers: auth(t.adminKey) })).json() as Array<Record<string, any>>).filter(e => e.data.role === role)
+      const keys = (await t.app.inject({ url: '/auth/api/api-keys', headers: auth(t.adminKey) })).json() as Array<{ id: string, prefix: string }>
+      const keyId = keys.find(k => t.adminKey.startsWith(k.prefix))!.id
+      const database = `${new URL(url!).hostname}:${new URL(url!).port || '5432'}/${new URL(url!).pathname.slice(1)}`
+
+      const name = newName()
+      const created = await runCli(['db-user', 'create', name, '--privileges', 'createrole,createdb', '--password-stdin', '--json'], { env: cliEnv, input: 'role pass phrase 7\n' })
+      assert.equal(created.code, 0, created.stderr)
+      assert.equal(created.stderr, '')
+      const [event, ...more] = await eventsOf('database_role.created', name)
+      assert.equal(more.length, 0)
+      assert.equal(JSON.parse(created.stdout).event_id, event!.id)
+      assert.deepEqual({ actor: event!.actor, target: event!.target, data: event!.data }, {
+        actor: { type: 'api_key', id: keyId },
+        target: null,
+        data: { role: name, database, privileges: ['createdb', 'createrole', 'login'] }
+      })
+      assert.equal((await runCli(['db-user', 'drop', name], { env: cliEnv })).code, 0)
+      assert.deepEqual((await eventsOf('database_role.dropped', name)).map(e => e.data), [{ role: name, database }])
+
+      const user = newName()
+      const made = await runCli(['users', 'create', user, '--db-user', '--password-stdin', '--json'], { env: cliEnv, input: 'role pass phrase 8\n' })
+      assert.equal(made.code, 0, made.stderr)
+      const userId = JSON.parse(made.stdout).id as string
+      const [withUser] = await eventsOf('database_role.created', user)
+      assert.equal(JSON.parse(made.stdout).db_role.event_id, withUser!.id)
+      assert.deepEqual(withUser!.data, { role: user, database, privileges: ['createdb', 'login'], user_id: userId })
+      assert.deepEqual(withUser!.target, { type: 'user', id: userId }, 'the user\'s own events show it')
+      assert.equal((await runCli(['users', 'delete', user, '--db-user'], { env: cliEnv })).code, 0)
+      assert.deepEqual((await eventsOf('database_role.dropped', user)).map(e => e.data), [{ role: user, database, user_id: userId }])
     })
 
     it('with log_statement=all, the server log never holds a plaintext password; a failed database step deletes the user again', async (ctx) => {

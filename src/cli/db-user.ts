@@ -1,5 +1,6 @@
 import type { Command } from 'commander'
-import { note, printJson, printLine } from './output.ts'
+import { ApiClient } from './http.ts'
+import { CliError, note, printJson, printLine } from './output.ts'
 import { readPassword, type PasswordOptions } from './prompt.ts'
 import {
   checkRoleName,
@@ -10,6 +11,7 @@ import {
   parsePrivileges,
   OPTIONAL_PRIVILEGES,
   PRIVILEGES,
+  serviceDatabaseName,
   SUPERUSER_WARNING,
   type Privilege
 } from './pg-role.ts'
@@ -22,6 +24,46 @@ export function planRole (name: string, privilegesList: string): Set<Privilege> 
   const privileges = parsePrivileges(privilegesList)
   if (privileges.has('superuser')) note(SUPERUSER_WARNING)
   return privileges
+}
+
+export interface RoleChange {
+  action: 'created' | 'dropped'
+  role: string
+  privileges?: readonly Privilege[]
+  userId?: string
+}
+
+/**
+ * Puts a role change PostgreSQL has just confirmed into gatehouse's events
+ * (`database_role.created` / `.dropped`, actor: the key), as every other
+ * admin action is (ASVS 16.3.2). gatehouse has no access to the service's
+ * database, so the CLI that made the change reports it. Without a client
+ * (GATEHOUSE_API_KEY unset for `db-user`) it says on stderr that the change
+ * is not recorded. The event's id, or undefined when not recorded.
+ */
+export async function reportRoleChange (client: ApiClient | undefined, change: RoleChange): Promise<string | undefined> {
+  if (client === undefined) {
+    note(`the role change is not recorded in gatehouse's events; set GATEHOUSE_API_KEY (and GATEHOUSE_URL) to record it as database_role.${change.action}`)
+    return undefined
+  }
+  const body = {
+    action: change.action,
+    role: change.role,
+    database: serviceDatabaseName(),
+    ...(change.privileges !== undefined ? { privileges: change.privileges } : {}),
+    ...(change.userId !== undefined ? { user_id: change.userId } : {})
+  }
+  try {
+    return (await client.request<{ id: string }>('POST', '/api/database-roles/changes', { body })).body.id
+  } catch (error) {
+    throw new CliError(`the database role ${change.role} was ${change.action}, but recording it in gatehouse's events failed: ${(error as Error).message}`)
+  }
+}
+
+/** `gatehouse db-user` records its changes when it has a key for gatehouse; it works without one. */
+function optionalClient (): ApiClient | undefined {
+  const key = process.env.GATEHOUSE_API_KEY
+  return key === undefined || key === '' ? undefined : ApiClient.fromEnv()
 }
 
 export function registerDbUser (program: Command): void {
@@ -37,6 +79,7 @@ export function registerDbUser (program: Command): void {
     .option('--json', 'print the result as JSON')
     .action(async (name: string, options: PasswordOptions & { privileges: string, json?: boolean }) => {
       const privileges = planRole(name, options.privileges)
+      const gatehouse = optionalClient()
       const password = await readPassword(options, { required: true, confirm: true })
       const client = await connectServiceDb()
       try {
@@ -45,7 +88,8 @@ export function registerDbUser (program: Command): void {
         await client.end()
       }
       const granted = PRIVILEGES.filter(p => privileges.has(p))
-      if (options.json === true) printJson({ role: name, privileges: granted, created: true })
+      const eventId = await reportRoleChange(gatehouse, { action: 'created', role: name, privileges: granted })
+      if (options.json === true) printJson({ role: name, privileges: granted, created: true, event_id: eventId ?? null })
       else printLine(`Created database role ${name} (${granted.join(', ')})`)
     })
 
@@ -55,13 +99,15 @@ export function registerDbUser (program: Command): void {
     .option('--json', 'print the result as JSON')
     .action(async (name: string, options: { json?: boolean }) => {
       checkRoleName(name)
+      const gatehouse = optionalClient()
       const client = await connectServiceDb()
       try {
         await dropRole(client, name)
       } finally {
         await client.end()
       }
-      if (options.json === true) printJson({ role: name, dropped: true })
+      const eventId = await reportRoleChange(gatehouse, { action: 'dropped', role: name })
+      if (options.json === true) printJson({ role: name, dropped: true, event_id: eventId ?? null })
       else printLine(`Dropped database role ${name}`)
     })
 }

@@ -1,7 +1,7 @@
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { CliError, UsageError } from './output.ts'
-import { roleNameProblem } from '../lib/pg-role-name.ts'
+import { DATABASE_ROLE_PRIVILEGES, roleNameProblem } from '../lib/pg-role-name.ts'
 
 export { roleNameProblem }
 
@@ -12,8 +12,7 @@ export { roleNameProblem }
  * reaches the server, its logs or pg_stat_activity.
  */
 
-/** What a created role may have, in the order reports list them. */
-export const PRIVILEGES = ['superuser', 'createdb', 'createrole', 'login'] as const
+export const PRIVILEGES = DATABASE_ROLE_PRIVILEGES
 export type Privilege = typeof PRIVILEGES[number]
 /**
  * What `--privileges` chooses from. A database user always has LOGIN, as
@@ -124,6 +123,13 @@ export async function connectServiceDb (env: NodeJS.ProcessEnv = process.env): P
     throw new CliError(`cannot connect to SERVICE_DATABASE_URL (${host}): ${(error as Error).message}`)
   }
   return client
+}
+
+/** The service database as events name it: host, port and database, never the user or password. */
+export function serviceDatabaseName (env: NodeJS.ProcessEnv = process.env): string {
+  const url = new URL(env.SERVICE_DATABASE_URL!)
+  const database = decodeURIComponent(url.pathname.replace(/^\//, '')) || decodeURIComponent(url.username) || 'postgres'
+  return `${url.hostname === '' ? 'localhost' : url.hostname}:${url.port === '' ? '5432' : url.port}/${database}`.replace(/[\s@]/g, '_').slice(0, 300)
 }
 
 export async function roleExists (client: pg.Client, name: string): Promise<boolean> {

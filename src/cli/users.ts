@@ -2,7 +2,7 @@ import type { Command } from 'commander'
 import { ApiClient, ApiError, type ApiUser } from './http.ts'
 import { CliError, printJson, printLine, printRecord, printTable, cell, UsageError } from './output.ts'
 import { readPassword, type PasswordOptions } from './prompt.ts'
-import { DEFAULT_PRIVILEGES, planRole, PRIVILEGES_HELP } from './db-user.ts'
+import { DEFAULT_PRIVILEGES, planRole, PRIVILEGES_HELP, reportRoleChange } from './db-user.ts'
 import { checkRoleName, connectServiceDb, createRole, dropRole, roleExists, PRIVILEGES } from './pg-role.ts'
 import { registerTransfer } from './transfer.ts'
 import { addFilterOptions, filterQuery, type FilterOptions } from './filters.ts'
@@ -136,11 +136,13 @@ export function registerUsers (program: Command): void {
             throw new CliError(`the database role failed: ${reason}; the user ${user.username} was deleted again, so nothing was created`)
           }
         }
+        const granted = privileges !== undefined ? PRIVILEGES.filter(p => privileges.has(p)) : undefined
+        const eventId = granted !== undefined ? await reportRoleChange(client, { action: 'created', role: roleName, privileges: granted, userId: user.id }) : undefined
         if (options.json === true) {
-          printJson(privileges !== undefined ? { ...user, db_role: { name: roleName, privileges: PRIVILEGES.filter(p => privileges.has(p)) } } : user)
+          printJson(granted !== undefined ? { ...user, db_role: { name: roleName, privileges: granted, event_id: eventId } } : user)
         } else {
           printLine(`Created user ${user.username} (${user.id})`)
-          if (privileges !== undefined) printLine(`Created database role ${roleName} (${PRIVILEGES.filter(p => privileges.has(p)).join(', ')})`)
+          if (granted !== undefined) printLine(`Created database role ${roleName} (${granted.join(', ')})`)
         }
       } finally {
         await db?.end()
@@ -291,6 +293,7 @@ export function registerUsers (program: Command): void {
           } catch (error) {
             throw new CliError(`deleted user ${user.username} (${user.id}), but the database role was not dropped: ${(error as Error).message}`)
           }
+          await reportRoleChange(client, { action: 'dropped', role: roleName, userId: user.id })
         }
       } finally {
         await db?.end()

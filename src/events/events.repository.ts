@@ -87,7 +87,7 @@ export const REDACTED = '[redacted]'
 
 /**
  * Appends one event, and queues its webhook deliveries (the outbox). Call it with the transaction that makes the change, so
- * the change and its record commit or roll back together.
+ * the change and its record commit or roll back together. Returns the event's id.
  */
 export async function recordEvent (
   trx: Db,
@@ -95,7 +95,7 @@ export async function recordEvent (
   type: EventType,
   target: { type: string, id: string } | null,
   data: Record<string, unknown>
-): Promise<void> {
+): Promise<string> {
   const id = newId()
   const occurredAt = nowIso()
   await insertEvent(trx, {
@@ -114,4 +114,5 @@ export async function recordEvent (
   await queueDeliveries(trx, { id, type, at: occurredAt })
   // The security notices it calls for, mailed later from the same outbox pattern (mail/mail.outbox.ts).
   await queueNotices(trx, { type, occurredAt, target, data, clientIp: ctx.clientIp })
+  return id
 }

@@ -16,7 +16,8 @@ export const EVENT_TYPES = [
   'user.email_verification_sent', 'user.email_verified',
   'group.created', 'group.updated', 'group.deleted', 'group.members_added', 'group.members_removed',
   'webhook.created', 'webhook.updated', 'webhook.deleted', 'webhook.disabled', 'webhook.secret_rotated', 'webhook.replayed',
-  'mail.sent', 'mail.failed'
+  'mail.sent', 'mail.failed',
+  'database_role.created', 'database_role.dropped'
 ] as const
 export type EventType = typeof EVENT_TYPES[number]
 

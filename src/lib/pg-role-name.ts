@@ -5,7 +5,11 @@
 /** Names CREATE ROLE refuses or that would shadow a role every cluster has. */
 const RESERVED = new Set(['postgres', 'public', 'none', 'current_user', 'session_user', 'current_role', 'all'])
 /** Lower-case, so quoting changes nothing; 63 bytes at most, so PostgreSQL never truncates two names into one. */
-const ROLE_NAME = /^[a-z_][a-z0-9_$]{0,62}$/
+export const ROLE_NAME_PATTERN = '^[a-z_][a-z0-9_$]{0,62}$'
+const ROLE_NAME = new RegExp(ROLE_NAME_PATTERN)
+
+/** What a created role may have, in the order reports list them. */
+export const DATABASE_ROLE_PRIVILEGES = ['superuser', 'createdb', 'createrole', 'login'] as const
 
 /** Why `name` may not be a role name, or undefined when it may. */
 export function roleNameProblem (name: string): string | undefined {
