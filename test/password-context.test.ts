@@ -66,6 +66,15 @@ for (const dialect of dialects()) {
       assert.equal(res.statusCode, 201, res.body)
     })
 
+    it('checks a username of three or more characters, but not one of one or two, which would refuse every password holding those letters', async () => {
+      const created = await api('POST', '/api/users', { username: 'jo', password: 'a JOurney to the jolly fjords' })
+      assert.equal(created.statusCode, 201, created.body)
+      assertRefused(await api('POST', '/api/users', { username: 'kit', password: 'tea at KITchen table four' }), 'password_contains_username')
+      // Renamed to a short username in the same request as a password holding it: taken too.
+      const renamed = await api('PATCH', `/api/users/${created.json().id as string}`, { username: 'qa', password: 'quality AQAbas of the sea' })
+      assert.equal(renamed.statusCode, 200, renamed.body)
+    })
+
     it('refuses the service\'s names, saying which word it found', async () => {
       for (const [password, word] of [['my data PIPELINE key', 'pipeline'], ['Gatehouse forever and ever', 'gatehouse'], ['daily workflows at nine', 'workflow']] as const) {
         const res = await api('POST', '/api/users', { username: uniqueName('pc'), password })

@@ -24,8 +24,14 @@ export interface PasswordOwner {
   emails?: ReadonlyArray<string | null | undefined>
 }
 
-/** A whole local part this short is still checked; its pieces need this many characters, or they would rule out unrelated passwords ("ada" in "Canada"). */
+/**
+ * A whole local part (or username) this short is still checked; pieces of a
+ * local part need this many characters, or they would rule out unrelated
+ * passwords ("ada" in "Canada"). A one- or two-character username ("jo")
+ * would otherwise refuse every password holding those letters anywhere.
+ */
 const LOCAL_PART_MIN = 3
+const USERNAME_MIN = LOCAL_PART_MIN
 const LOCAL_PART_PIECE_MIN = 4
 
 /**
@@ -88,7 +94,7 @@ export function passwordViolation (password: string, owner: PasswordOwner, polic
   }
   const lower = password.toLowerCase()
   const { username } = owner
-  if (username !== undefined && username !== '' && lower.includes(username.toLowerCase())) {
+  if (username !== undefined && [...username].length >= USERNAME_MIN && lower.includes(username.toLowerCase())) {
     return violation('password_contains_username', 'The password must not contain the username.', field, 'contains the username')
   }
   for (const email of owner.emails ?? []) {
