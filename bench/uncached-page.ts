@@ -95,7 +95,16 @@ export async function measureFloor (
   const port = await freePort()
   const appName = `${benchAppName()}-floor`
   const child: Child = startChild(`bare+page-${engine}`, 'bench/bare-server.ts', childEnv({
-    PORT: String(port), BARE_PAGE_DB: databaseUrl, ...(schema !== undefined ? { BARE_PAGE_SCHEMA: schema } : {}), PGAPPNAME: appName
+    PORT: String(port),
+    BARE_PAGE_DB: databaseUrl,
+    ...(schema !== undefined ? { BARE_PAGE_SCHEMA: schema } : {}),
+    PGAPPNAME: appName,
+    // The floor is to show what the read costs. Its small heap let glibc give the top of it back after most
+    // requests (the page's 30 to 60 KiB buffers sit there) and fault it in again on the next: 2.5 to 5 minor
+    // faults a response in some runs and none in others, which took the floor from 0.80 to 0.31-0.53 of bare.
+    // gatehouse's own server had 0.02 a response either way, and keeps glibc's defaults (bench/README.md,
+    // "Issue 20: row 1 in instructions and cache misses").
+    GLIBC_TUNABLES: FLOOR_GLIBC_TUNABLES
   }))
   const base = `http://${HOST}:${port}`
   try {
@@ -106,6 +115,9 @@ export async function measureFloor (
     await stopChild(child)
   }
 }
+
+/** A threshold above anything the floor's heap frees at once, so glibc keeps it (see measureFloor). */
+export const FLOOR_GLIBC_TUNABLES = 'glibc.malloc.trim_threshold=268435456'
 
 /** One uncached target: autocannon with a different cursor on every request, the first checked by hand. */
 export async function measureUncached (
