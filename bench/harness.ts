@@ -246,6 +246,16 @@ export function cpuSecondsOf (pid: number | undefined): number | undefined {
   }
 }
 
+/** Minor page faults a process has taken so far (the 8th field after its name in /proc/<pid>/stat); undefined where there is no /proc. */
+export function minorFaultsOf (pid: number | undefined): number | undefined {
+  if (pid === undefined) return undefined
+  try {
+    return Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ')[7])
+  } catch {
+    return undefined
+  }
+}
+
 /** Busy CPU seconds of the whole machine so far (all cores), from /proc/stat; undefined where there is no /proc. */
 export function machineBusySeconds (): number | undefined {
   try {
@@ -281,7 +291,15 @@ export interface LoadSummary {
 /** Where the CPU went during the measured run: without it, req/s cannot tell a slow server from a busy machine. */
 export interface LoadCpu {
   /** CPU the server process used during the measured window: cores busy on average, and CPU time per response. */
-  serverCpu: { cores: number, usPerRequest: number } | null
+  serverCpu: {
+    cores: number
+    usPerRequest: number
+    /**
+     * Minor page faults of the server per response. Memory the C library gave back and took again faults
+     * anew each time: in the eleventh pass, 2.5 to 5 a response cost the floor half its speed (bench/README.md).
+     */
+    minorFaultsPerRequest?: number
+  } | null
   /** The same for this process, which runs autocannon: near 1.0 core means the load generator is the limit. */
   loadGeneratorCpu: { cores: number }
   /** Busy cores of the whole machine minus the server and this process: other work competing for the CPU during the run. */
@@ -317,12 +335,14 @@ export async function measureLoad (
   const companionPids = companions !== undefined ? await companions() : []
   const companionsBefore = new Map(companionPids.map(pid => [pid, cpuSecondsOf(pid)]))
   const serverBefore = cpuSecondsOf(child.proc.pid)
+  const faultsBefore = minorFaultsOf(child.proc.pid)
   const machineBefore = machineBusySeconds()
   const ownBefore = process.cpuUsage()
   const r = await runCannon({ ...options, duration: timing.durationS })
   const own = process.cpuUsage(ownBefore)
   const machineAfter = machineBusySeconds()
   const serverAfter = cpuSecondsOf(child.proc.pid)
+  const faultsAfter = minorFaultsOf(child.proc.pid)
   // A backend that appeared during the run counts from zero (it started within it); one that ended is lost, which the pid count shows.
   let companionS = 0
   const companionPidsAfter = companions !== undefined ? await companions() : []
@@ -345,7 +365,13 @@ export async function measureLoad (
       reqPerSec: { average: r.requests.average, stddev: r.requests.stddev, min: r.requests.min, max: r.requests.max },
       latencyMs: { average: r.latency.average, p50: r.latency.p50, p90: r.latency.p90, p99: r.latency.p99, max: r.latency.max }
     },
-    serverCpu: serverS === undefined ? null : { cores: serverS / r.duration, usPerRequest: serverS * 1e6 / Math.max(1, r.requests.total) },
+    serverCpu: serverS === undefined
+      ? null
+      : {
+          cores: serverS / r.duration,
+          usPerRequest: serverS * 1e6 / Math.max(1, r.requests.total),
+          ...(faultsBefore !== undefined && faultsAfter !== undefined ? { minorFaultsPerRequest: (faultsAfter - faultsBefore) / Math.max(1, r.requests.total) } : {})
+        },
     loadGeneratorCpu: { cores: ownS / r.duration },
     otherCpu: otherS === undefined ? null : { cores: otherS / r.duration },
     companionCpu: companions === undefined ? null : { cores: companionS / r.duration, usPerRequest: companionS * 1e6 / Math.max(1, r.requests.total), pids: new Set([...companionPids, ...companionPidsAfter]).size }

@@ -262,9 +262,10 @@ export function issue20PageRows (rounds: PageRound[]): IssueRow[] {
   })
 }
 
-/** Each round's figures: CPU µs per response (with the backends on PostgreSQL), bare ÷ it, and the other load on the machine. */
+/** Each round's figures: CPU µs per response (with the backends on PostgreSQL), bare ÷ it, the other load on the machine, and the server's minor page faults per response. */
 export function formatPageRounds (rounds: PageRound[]): string {
-  const other = (m: BareMeasurement): string => m.otherCpu === null ? 'other n/a' : `other ${fmt(m.otherCpu.cores * 100)}%`
+  const faults = (m: BareMeasurement): string => m.serverCpu?.minorFaultsPerRequest === undefined ? '' : `, ${fmt(m.serverCpu.minorFaultsPerRequest, 2)} faults`
+  const other = (m: BareMeasurement): string => `${m.otherCpu === null ? 'other n/a' : `other ${fmt(m.otherCpu.cores * 100)}%`}${faults(m)}`
   const bareCell = (round: PageRound): string => { const us = bareUsOf(round); return us === null ? 'n/a' : `${fmt(us, 1)} (${other(round.bare)})` }
   const targetCell = (round: PageRound, m: UncachedMeasurement): string => {
     const ratio = ratioOf(bareUsOf(round), m)
