@@ -234,26 +234,30 @@ const CLOCK_TICKS = ((): number => {
   }
 })()
 
-/** CPU seconds (user + system) a process has used so far, from /proc; undefined where there is no /proc. */
-export function cpuSecondsOf (pid: number | undefined): number | undefined {
+/**
+ * What a process has used so far, from /proc/<pid>/stat: user and system CPU seconds and minor page faults;
+ * undefined where there is no /proc (or no such process).
+ */
+export function processUsageOf (pid: number | undefined): { userS: number, systemS: number, minorFaults: number } | undefined {
   if (pid === undefined) return undefined
   try {
-    // Fields after the command name (which may contain spaces): utime and stime are the 12th and 13th.
+    // Fields after the command name (which may contain spaces): minflt is the 8th, utime and stime the 12th and 13th.
     const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ')
-    return (Number(fields[11]) + Number(fields[12])) / CLOCK_TICKS
+    return { userS: Number(fields[11]) / CLOCK_TICKS, systemS: Number(fields[12]) / CLOCK_TICKS, minorFaults: Number(fields[7]) }
   } catch {
     return undefined
   }
 }
 
-/** Minor page faults a process has taken so far (the 8th field after its name in /proc/<pid>/stat); undefined where there is no /proc. */
+/** CPU seconds (user + system) a process has used so far, from /proc; undefined where there is no /proc. */
+export function cpuSecondsOf (pid: number | undefined): number | undefined {
+  const usage = processUsageOf(pid)
+  return usage === undefined ? undefined : usage.userS + usage.systemS
+}
+
+/** Minor page faults a process has taken so far; undefined where there is no /proc. */
 export function minorFaultsOf (pid: number | undefined): number | undefined {
-  if (pid === undefined) return undefined
-  try {
-    return Number(readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ')[7])
-  } catch {
-    return undefined
-  }
+  return processUsageOf(pid)?.minorFaults
 }
 
 /** Busy CPU seconds of the whole machine so far (all cores), from /proc/stat; undefined where there is no /proc. */

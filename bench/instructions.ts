@@ -42,7 +42,7 @@ import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { uncachedPaths } from './uncached-page.ts'
-import { childEnv, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, log, machineInfo, makeTmpDir, ROOT, runBench, writeResults } from './harness.ts'
+import { childEnv, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, log, machineInfo, makeTmpDir, processUsageOf, ROOT, runBench, writeResults } from './harness.ts'
 
 type Target = 'bare' | 'floor' | 'page'
 const TARGETS: readonly Target[] = ['bare', 'floor', 'page']
@@ -67,7 +67,6 @@ const settings = {
   tunables: process.env.INSTR_TUNABLES
 }
 const KEY = `gatehouse_${'instructions'.repeat(4).slice(0, 43)}`
-const CLOCK_TICKS = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim()) || 100
 
 installCleanUp({ keepTmp: false })
 const running = new Set<ChildProcess>()
@@ -93,11 +92,12 @@ async function main (): Promise<void> {
       try {
         await load(server.port, target, paths, settings.warmup)
         if (native) {
-          const before = procStat(server.child.pid!)
+          const before = processUsageOf(server.child.pid)
           await load(server.port, target, paths, settings.requests)
-          const after = procStat(server.child.pid!)
+          const after = processUsageOf(server.child.pid)
+          if (before === undefined || after === undefined) throw new Error('INSTR_MODE=native reads /proc/<pid>/stat, which this system does not have')
           const per = (a: number, b: number, scale: number): number => (b - a) * scale / settings.requests
-          timed.push({ target, round, userUs: per(before.utime, after.utime, 1e6 / CLOCK_TICKS), sysUs: per(before.stime, after.stime, 1e6 / CLOCK_TICKS), minorFaults: per(before.minflt, after.minflt, 1) })
+          timed.push({ target, round, userUs: per(before.userS, after.userS, 1e6), sysUs: per(before.systemS, after.systemS, 1e6), minorFaults: per(before.minorFaults, after.minorFaults, 1) })
         } else {
           control(server, '--instr=on')
           // A few requests with instrumentation on before counting: callgrind translates the code it meets anew.
@@ -206,12 +206,6 @@ function readCounts (outDir: string, requests: number): Omit<Counted, 'target'> 
     allThreads: per(allThreads),
     ...(settings.cache ? { cache: Object.fromEntries(Object.entries(cache).map(([event, n]) => [event, per(n)])) } : {})
   }
-}
-
-function procStat (pid: number): { utime: number, stime: number, minflt: number } {
-  // After the command name (which may hold spaces): minflt, utime and stime are the 8th, 12th and 13th fields.
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ')
-  return { minflt: Number(fields[7]), utime: Number(fields[11]), stime: Number(fields[12]) }
 }
 
 function printCounted (counted: Counted[]): { counted: Counted[] } {
