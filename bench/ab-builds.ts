@@ -50,7 +50,7 @@ import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { dropSchema, seedPostgres } from './issue-rows.ts'
 import { backendPids, uncachedPaths } from './uncached-page.ts'
 import {
-  childEnv, cleanUp, envInt, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child, type LoadRun
+  childEnv, cleanUp, envInt, envPairs, envWords, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, migrateSqliteFile, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child, type LoadRun
 } from './harness.ts'
 
 const settings = {
@@ -68,7 +68,6 @@ const settings = {
 const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 'server.js') }
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
 const KINDS = ['uncached', 'hit'] as const
-const wordsOf = (text: string | undefined): string[] => (text ?? '').split(' ').filter(word => word !== '')
 
 installCleanUp({ keepTmp: false })
 
@@ -95,9 +94,7 @@ async function main (): Promise<void> {
     }
   } else {
     const dbPath = join(tmp, 'bench.db')
-    const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-    await migrateToLatest(db)
-    await db.destroy()
+    await migrateSqliteFile(dbPath)
     seedSqliteUsers(dbPath, settings.users)
     const env = { DATABASE_URL: `sqlite:${dbPath}` }
     database = { A: { env }, B: { env } }
@@ -118,13 +115,9 @@ async function compare (database: Record<'A' | 'B', { env: Record<string, string
     // The rate limits are raised, not switched off, so that the limiters' own cost stays in (as in list-users.ts).
     const url: Record<string, string> = pgUrl !== undefined ? { DATABASE_URL: process.env[`AB_PG_URL_${name}`] ?? pgUrl } : {}
     const env = childEnv({ HOST, PORT: String(port), ...database[name].env, ...url, PGAPPNAME: appName, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY })
-    for (const pair of wordsOf(process.env[`AB_ENV_${name}`])) {
-      const at = pair.indexOf('=')
-      if (at < 1) throw new Error(`AB_ENV_${name}: "${pair}" is not NAME=value`)
-      env[pair.slice(0, at)] = pair.slice(at + 1)
-    }
+    Object.assign(env, envPairs(`AB_ENV_${name}`))
     const profile = settings.profile === name ? ['--cpu-prof', `--cpu-prof-dir=${join(RESULTS_DIR, `cpu-ab-${name}`)}`] : []
-    const child = startChild(`ab-${name}`, BUILDS[name]!, env, [...wordsOf(process.env[`AB_NODE_ARGS_${name}`]), ...profile])
+    const child = startChild(`ab-${name}`, BUILDS[name]!, env, [...envWords(`AB_NODE_ARGS_${name}`), ...profile])
     const base = `http://${HOST}:${port}`
     await waitReady(child, `${base}/auth/healthz`)
     const seedFile = database[name].seedAfterStart

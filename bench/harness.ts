@@ -13,6 +13,8 @@ import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import autocannon from 'autocannon'
+import { createDb } from '../src/db/database.ts'
+import { migrateToLatest } from '../src/db/migrate.ts'
 
 export const ROOT = fileURLToPath(new URL('..', import.meta.url))
 export const RESULTS_DIR = join(ROOT, 'bench', 'results')
@@ -33,6 +35,22 @@ export function envInt (name: string, fallback: number): number {
   if (value === undefined || value === '') return fallback
   if (!/^\d+$/.test(value) || Number(value) < 1) throw new Error(`${name} must be a positive whole number, got "${value}"`)
   return Number(value)
+}
+
+/** Words of a setting separated by spaces (node options, NAME=value pairs); none when it is unset. */
+export function envWords (name: string): string[] {
+  return (process.env[name] ?? '').split(' ').filter(word => word !== '')
+}
+
+/** A setting holding NAME=value pairs separated by spaces (settings for one server), as an environment. */
+export function envPairs (name: string): Record<string, string> {
+  const pairs: Record<string, string> = {}
+  for (const pair of envWords(name)) {
+    const at = pair.indexOf('=')
+    if (at < 1) throw new Error(`${name}: "${pair}" is not NAME=value`)
+    pairs[pair.slice(0, at)] = pair.slice(at + 1)
+  }
+  return pairs
 }
 
 /** Flags read the way a shell user writes them (1, true, yes, on); anything else is off. */
@@ -194,6 +212,13 @@ async function failRun (error: unknown): Promise<void> {
 }
 
 // ---------------------------------------------------------------- helpers
+
+/** Creates a SQLite file with gatehouse's schema, through its own migrations (the seed goes in after). */
+export async function migrateSqliteFile (dbPath: string): Promise<void> {
+  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
+  await migrateToLatest(db)
+  await db.destroy()
+}
 
 /** A port nobody listens on, so that parallel runs and other local services do not collide. */
 export async function freePort (): Promise<number> {

@@ -38,11 +38,9 @@ import { spawn, execFileSync, type ChildProcess } from 'node:child_process'
 import { mkdtempSync, readdirSync, readFileSync, existsSync } from 'node:fs'
 import { join } from 'node:path'
 import { setTimeout as sleep } from 'node:timers/promises'
-import { createDb } from '../src/db/database.ts'
-import { migrateToLatest } from '../src/db/migrate.ts'
 import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
 import { uncachedPaths } from './uncached-page.ts'
-import { childEnv, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, log, machineInfo, makeTmpDir, processUsageOf, ROOT, runBench, writeResults } from './harness.ts'
+import { childEnv, envFlag, envInt, envPairs, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, log, machineInfo, makeTmpDir, migrateSqliteFile, processUsageOf, ROOT, runBench, writeResults } from './harness.ts'
 
 type Target = 'bare' | 'floor' | 'page'
 const TARGETS: readonly Target[] = ['bare', 'floor', 'page']
@@ -59,11 +57,7 @@ const settings = {
   requests: envInt('INSTR_REQUESTS', native ? 40_000 : 1500),
   rounds: envInt('INSTR_ROUNDS', native ? 3 : 1),
   cache: envFlag('INSTR_CACHE'),
-  pageEnv: Object.fromEntries((process.env.INSTR_ENV_PAGE ?? '').split(' ').filter(pair => pair !== '').map(pair => {
-    const at = pair.indexOf('=')
-    if (at < 1) throw new Error(`INSTR_ENV_PAGE: ${pair} is not NAME=value`)
-    return [pair.slice(0, at), pair.slice(at + 1)]
-  })),
+  pageEnv: envPairs('INSTR_ENV_PAGE'),
   tunables: process.env.INSTR_TUNABLES
 }
 const KEY = `gatehouse_${'instructions'.repeat(4).slice(0, 43)}`
@@ -78,9 +72,7 @@ interface Timed { target: Target, round: number, userUs: number, sysUs: number, 
 async function main (): Promise<void> {
   const tmp = makeTmpDir('gatehouse-instructions-')
   const dbPath = join(tmp, 'bench.db')
-  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-  await migrateToLatest(db)
-  await db.destroy()
+  await migrateSqliteFile(dbPath)
   seedSqliteUsers(dbPath, settings.users)
   log(`seeded ${settings.users} users; ${native ? `native, ${settings.rounds} round(s)` : `callgrind${settings.cache ? ' with the cache simulation' : ''}`}, ${settings.warmup} requests to warm up, ${settings.requests} measured, ${settings.connections} connections`)
   const paths = uncachedPaths(settings.users)

@@ -23,7 +23,7 @@ import { formatIssue20Table, measureIssue20Parts } from './issue20.ts'
 import { argon2Limit, BENCH_PASSWORD, dropSchema, eventLoopP99Ms, postgresReachable, rssMiB, seedPostgres, sessionCookie, startTimed } from './issue-rows.ts'
 import {
   busyDuring, childEnv, cleanUp, envFlag, envInt, fmt, formatTable, freePort, gitInfo, HOST, installCleanUp, isQuiet,
-  log, machineInfo, makeTmpDir, measureLoad, readAdminKey, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
+  log, machineInfo, makeTmpDir, measureLoad, migrateSqliteFile, readAdminKey, runBench, RESULTS_DIR, startChild, stopChild, waitReady, writeResults, type Child, type LoadCpu, type LoadSummary
 } from './harness.ts'
 
 const PAGE_SIZE = 50
@@ -286,9 +286,7 @@ async function main (): Promise<void> {
 
   // 1. Schema through the product's own migrations, then 100,000 users straight into the file.
   log(`temp dir ${tmpDir}`)
-  const db = createDb({ databaseUrl: `sqlite:${dbPath}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-  await migrateToLatest(db)
-  await db.destroy()
+  await migrateSqliteFile(dbPath)
   const seedStart = performance.now()
   seedSqliteUsers(dbPath, settings.users)
   const seedMs = performance.now() - seedStart

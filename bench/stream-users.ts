@@ -17,8 +17,7 @@ import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
 import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import { v7 } from 'uuid'
-import { createDb } from '../src/db/database.ts'
-import { migrateToLatest } from '../src/db/migrate.ts'
+import { migrateSqliteFile } from './harness.ts'
 
 const sizes = (process.env.BENCH_STREAM_USERS ?? '10000,1000000').split(',').map(Number)
 /** The server's V8 heap cap: far below the size of the response, so a server that buffered it would die. */
@@ -32,9 +31,7 @@ const cleanup = (): void => {
 process.on('SIGINT', () => { cleanup(); process.exit(130) })
 
 async function seed (file: string, count: number): Promise<void> {
-  const db = createDb({ databaseUrl: `sqlite:${file}`, databaseSchema: undefined, databasePoolSize: 1, databaseStatementTimeoutMs: 5000, databaseQueryTimeoutMs: 6000, databaseAcquireTimeoutMs: 5000 })
-  await migrateToLatest(db)
-  await db.destroy()
+  await migrateSqliteFile(file)
   const raw = new SQLite(file)
   const insert = raw.prepare(`insert into users (id, username, username_key, email, email_key, first_name, last_name, role, groups, disabled,
     password_hash, version, created_at, updated_at, last_login_at, password_changed_at)
