@@ -25,7 +25,11 @@
  * pairs separated by spaces (the same build twice, one setting apart:
  * AB_A=dist/server.js AB_ENV_A=DATABASE_READ_PIPELINES=0). AB_NODE_ARGS_A,
  * AB_NODE_ARGS_B: node options for that server, separated by spaces
- * (`--max-semi-space-size=64`).
+ * (`--max-semi-space-size=64`). AB_KEEP_TMP=1 keeps the temporary directory,
+ * with each server's stdout and stderr (`AB_NODE_ARGS_B=--trace-gc`).
+ * Each round also prints the server's minor page faults per response and its
+ * resident memory after the round (and the most it has held since it
+ * started): a node option that trades memory for CPU shows both.
  * AB_PAIRED=1: in each round both builds at once, each at AB_RATE requests a
  * second (1000) on its own connections, so that the machine's swings between
  * one measurement and the next fall on both alike. On 28 November, in a noisy
@@ -47,10 +51,10 @@ import { join } from 'node:path'
 import { createDb } from '../src/db/database.ts'
 import { migrateToLatest } from '../src/db/migrate.ts'
 import { seedSqliteUsers, USERS_PATH } from './fixtures.ts'
-import { dropSchema, seedPostgres } from './issue-rows.ts'
+import { dropSchema, peakRssMiB, rssMiB, seedPostgres } from './issue-rows.ts'
 import { backendPids, uncachedPaths } from './uncached-page.ts'
 import {
-  childEnv, cleanUp, envInt, envPairs, envWords, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, migrateSqliteFile, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child, type LoadRun
+  childEnv, cleanUp, envFlag, envInt, envPairs, envWords, freePort, HOST, installCleanUp, log, makeTmpDir, measureLoad, migrateSqliteFile, RESULTS_DIR, ROOT, runBench, startChild, waitReady, type Child, type LoadRun
 } from './harness.ts'
 
 const settings = {
@@ -69,7 +73,7 @@ const BUILDS = { A: process.env.AB_A, B: process.env.AB_B ?? join(ROOT, 'dist', 
 const KEY = `gatehouse_${'abbuildskey'.repeat(4)}`
 const KINDS = ['uncached', 'hit'] as const
 
-installCleanUp({ keepTmp: false })
+installCleanUp({ keepTmp: envFlag('AB_KEEP_TMP') })
 
 async function main (): Promise<void> {
   if (BUILDS.A === undefined) throw new Error('AB_A must name the other build\'s server.js (see the header of bench/ab-builds.ts)')
@@ -152,24 +156,32 @@ async function compare (database: Record<'A' | 'B', { env: Record<string, string
       const paired = settings.paired ? await Promise.all(names.map(measure)) : undefined
       for (const [i, name] of names.entries()) {
         const m = paired?.[i] ?? await measure(name)
+        const { child } = servers.get(name)!
         if (m.result.non2xx > 0 || m.result.errors > 0 || m.serverCpu === null) throw new Error(`${name} ${kind}: ${m.result.non2xx} non-2xx, ${m.result.errors} errors`)
         const backendUs = m.companionCpu?.usPerRequest ?? 0
         const list = usPerRequest.get(`${name} ${kind}`) ?? []
         list.push(m.serverCpu.usPerRequest + backendUs)
         usPerRequest.set(`${name} ${kind}`, list)
         const split = m.companionCpu != null ? ` (${m.serverCpu.usPerRequest.toFixed(1)} server + ${backendUs.toFixed(1)} in ${m.companionCpu.pids} backends)` : ''
-        log(`round ${round + 1}, ${name} ${kind}: ${(m.serverCpu.usPerRequest + backendUs).toFixed(1)} µs/req${split}, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
-          `other CPU ${(m.otherCpu?.cores ?? 0).toFixed(2)} cores, load ${loadavg().map(v => v.toFixed(2)).join(' ')}`)
+        const faults = m.serverCpu.minorFaultsPerRequest !== undefined ? `, ${m.serverCpu.minorFaultsPerRequest.toFixed(2)} faults/req` : ''
+        log(`round ${round + 1}, ${name} ${kind}: ${(m.serverCpu.usPerRequest + backendUs).toFixed(1)} µs/req${split}${faults}, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
+          `RSS ${mib(rssMiB(child))} MiB (peak ${mib(peakRssMiB(child))}), other CPU ${(m.otherCpu?.cores ?? 0).toFixed(2)} cores, load ${loadavg().map(v => v.toFixed(2)).join(' ')}`)
       }
     }
   }
+  const peaks = [...servers].map(([name, { child }]) => `${name} ${mib(peakRssMiB(child))} MiB`)
   await cleanUp()
+  process.stdout.write(`most resident memory held: ${peaks.join(', ')}\n`)
   for (const kind of KINDS) {
     const a = usPerRequest.get(`A ${kind}`)
     const b = usPerRequest.get(`B ${kind}`)
     if (a === undefined || b === undefined) continue
     process.stdout.write(`${kind}${backendsToo}: A ${a.map(v => v.toFixed(1)).join(', ')} µs/req; B ${b.map(v => v.toFixed(1)).join(', ')}; B/A per round ${a.map((v, i) => (b[i]! / v).toFixed(3)).join(', ')}\n`)
   }
+}
+
+function mib (value: number | null): string {
+  return value === null ? '?' : value.toFixed(1)
 }
 
 await runBench(main)

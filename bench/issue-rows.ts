@@ -34,9 +34,18 @@ export async function startTimed (name: string, env: NodeJS.ProcessEnv, base: st
 
 /** Resident set size of a process, in MiB, from /proc; null where there is none. */
 export function rssMiB (child: Child): number | null {
+  return statusMiB(child, 'VmRSS')
+}
+
+/** The most the process has held resident since it started (its high-water mark), in MiB; null where there is no /proc. */
+export function peakRssMiB (child: Child): number | null {
+  return statusMiB(child, 'VmHWM')
+}
+
+function statusMiB (child: Child, field: 'VmRSS' | 'VmHWM'): number | null {
   try {
     const status = readFileSync(`/proc/${child.proc.pid!}/status`, 'utf8')
-    const kib = /VmRSS:\s+(\d+)/.exec(status)?.[1]
+    const kib = new RegExp(`${field}:\\s+(\\d+)`).exec(status)?.[1]
     return kib === undefined ? null : Number(kib) / 1024
   } catch {
     return null

@@ -94,6 +94,9 @@ export async function measureFloor (
 ): Promise<UncachedMeasurement> {
   const port = await freePort()
   const appName = `${benchAppName()}-floor`
+  // V8's allocation-site pretenuring off, as gatehouse's server runs since the twelfth pass (src/server.ts,
+  // stopPretenuring), so that the floor shows what the read costs under the same collector (bench/README.md,
+  // "Issue 20: pretenuring").
   const child: Child = startChild(`bare+page-${engine}`, 'bench/bare-server.ts', childEnv({
     PORT: String(port),
     BARE_PAGE_DB: databaseUrl,
@@ -105,7 +108,7 @@ export async function measureFloor (
     // gatehouse's own server had 0.02 a response either way, and keeps glibc's defaults (bench/README.md,
     // "Issue 20: row 1 in instructions and cache misses").
     GLIBC_TUNABLES: FLOOR_GLIBC_TUNABLES
-  }))
+  }), ['--no-allocation-site-pretenuring'])
   const base = `http://${HOST}:${port}`
   try {
     await waitReady(child, `${base}${USERS_PATH}?limit=1`)
