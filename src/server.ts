@@ -30,8 +30,8 @@ import { AppError } from './errors.ts'
  * line (B/A 0.999, 1.059, 0.985).
  */
 function stopPretenuring (): void {
-  // Any spelling V8 takes: --allocation-site-pretenuring, --no-allocation-site-pretenuring, --noallocation_site_pretenuring, …=false.
-  if (process.execArgv.some(arg => /^--(no-?)?allocation[-_]site[-_]pretenuring(=|$)/.test(arg))) return
+  // Any spelling V8 takes: --allocation-site-pretenuring, --no-allocation-site-pretenuring, --noallocation_site_pretenuring.
+  if (process.execArgv.some(arg => /^--(no-?)?allocation[-_]site[-_]pretenuring$/.test(arg))) return
   setFlagsFromString('--no-allocation-site-pretenuring')
 }
 
