@@ -280,11 +280,6 @@ export function cpuSecondsOf (pid: number | undefined): number | undefined {
   return usage === undefined ? undefined : usage.userS + usage.systemS
 }
 
-/** Minor page faults a process has taken so far; undefined where there is no /proc. */
-export function minorFaultsOf (pid: number | undefined): number | undefined {
-  return processUsageOf(pid)?.minorFaults
-}
-
 /** Busy CPU seconds of the whole machine so far (all cores), from /proc/stat; undefined where there is no /proc. */
 export function machineBusySeconds (): number | undefined {
   try {
@@ -363,15 +358,13 @@ export async function measureLoad (
   log(`${name}: measuring ${timing.durationS} s with ${options.connections} connections`)
   const companionPids = companions !== undefined ? await companions() : []
   const companionsBefore = new Map(companionPids.map(pid => [pid, cpuSecondsOf(pid)]))
-  const serverBefore = cpuSecondsOf(child.proc.pid)
-  const faultsBefore = minorFaultsOf(child.proc.pid)
+  const serverBefore = processUsageOf(child.proc.pid)
   const machineBefore = machineBusySeconds()
   const ownBefore = process.cpuUsage()
   const r = await runCannon({ ...options, duration: timing.durationS })
   const own = process.cpuUsage(ownBefore)
   const machineAfter = machineBusySeconds()
-  const serverAfter = cpuSecondsOf(child.proc.pid)
-  const faultsAfter = minorFaultsOf(child.proc.pid)
+  const serverAfter = processUsageOf(child.proc.pid)
   // A backend that appeared during the run counts from zero (it started within it); one that ended is lost, which the pid count shows.
   let companionS = 0
   const companionPidsAfter = companions !== undefined ? await companions() : []
@@ -380,7 +373,9 @@ export async function measureLoad (
     if (after !== undefined) companionS += after - (companionsBefore.get(pid) ?? 0)
   }
   if (stopping) throw new Error('interrupted')
-  const serverS = serverBefore !== undefined && serverAfter !== undefined ? serverAfter - serverBefore : undefined
+  const serverS = serverBefore !== undefined && serverAfter !== undefined
+    ? serverAfter.userS + serverAfter.systemS - serverBefore.userS - serverBefore.systemS
+    : undefined
   const ownS = (own.user + own.system) / 1e6
   const otherS = serverS !== undefined && machineBefore !== undefined && machineAfter !== undefined
     ? Math.max(0, machineAfter - machineBefore - serverS - ownS - companionS)
@@ -399,7 +394,7 @@ export async function measureLoad (
       : {
           cores: serverS / r.duration,
           usPerRequest: serverS * 1e6 / Math.max(1, r.requests.total),
-          ...(faultsBefore !== undefined && faultsAfter !== undefined ? { minorFaultsPerRequest: (faultsAfter - faultsBefore) / Math.max(1, r.requests.total) } : {})
+          ...(serverBefore !== undefined && serverAfter !== undefined ? { minorFaultsPerRequest: (serverAfter.minorFaults - serverBefore.minorFaults) / Math.max(1, r.requests.total) } : {})
         },
     loadGeneratorCpu: { cores: ownS / r.duration },
     otherCpu: otherS === undefined ? null : { cores: otherS / r.duration },
