@@ -164,7 +164,7 @@ async function compare (database: Record<'A' | 'B', { env: Record<string, string
         usPerRequest.set(`${name} ${kind}`, list)
         const split = m.companionCpu != null ? ` (${m.serverCpu.usPerRequest.toFixed(1)} server + ${backendUs.toFixed(1)} in ${m.companionCpu.pids} backends)` : ''
         const faults = m.serverCpu.minorFaultsPerRequest !== undefined ? `, ${m.serverCpu.minorFaultsPerRequest.toFixed(2)} faults/req` : ''
-        log(`round ${round + 1}, ${name} ${kind}: ${(m.serverCpu.usPerRequest + backendUs).toFixed(1)} µs/req${split}${faults}, ${m.summary.reqPerSec.average.toFixed(0)} req/s, ` +
+        log(`round ${round + 1}, ${name} ${kind}: ${(m.serverCpu.usPerRequest + backendUs).toFixed(1)} µs/req${split}${faults}, ${m.summary.reqPerSec.average.toFixed(0)} req/s, p50 / p99 ${m.summary.latencyMs.p50} / ${m.summary.latencyMs.p99} ms, ` +
           `RSS ${mib(rssMiB(child))} MiB (peak ${mib(peakRssMiB(child))}), other CPU ${(m.otherCpu?.cores ?? 0).toFixed(2)} cores, load ${loadavg().map(v => v.toFixed(2)).join(' ')}`)
       }
     }
