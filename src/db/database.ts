@@ -6,6 +6,7 @@ import {
   Kysely,
   PostgresAdapter,
   PostgresDialect,
+  SqliteAdapter,
   SqliteDialect,
   sql,
   type ColumnType,
@@ -419,7 +420,7 @@ export function columnTypes (db: Kysely<any>): { uuid: RawBuilder<unknown>, ts: 
 export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib' | 'databaseReadPipelines'>>): Db {
   if (config.databaseUrl.startsWith('sqlite:')) {
     return new Kysely<Database>({
-      dialect: new SqliteDialect({ database: openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0) })
+      dialect: new DirectSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0))
     })
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
@@ -479,11 +480,30 @@ class DirectReadsDialect extends PostgresDialect {
   }
 }
 
+/** SQLite: the one connection Kysely's driver runs every statement on, registered under the adapter as DirectReadsDialect does. */
+const directSqlite = new WeakMap<object, OpenSqlite>()
+
+class DirectSqliteDialect extends SqliteDialect {
+  readonly #database: OpenSqlite
+  constructor (database: OpenSqlite) {
+    super({ database })
+    this.#database = database
+  }
+
+  override createAdapter (): SqliteAdapter {
+    const adapter = super.createAdapter() as SqliteAdapter
+    directSqlite.set(adapter, this.#database)
+    return adapter
+  }
+}
+
 /**
- * Runs a statement of db/prepared.ts on a pooled PostgreSQL connection
- * without Kysely's executor; undefined when that cannot be done (SQLite, a
- * handle inside a transaction, whose statements must use its connection, or
- * a pool Kysely has not opened yet). Kysely's plugins are not run, which is
+ * Runs a statement of db/prepared.ts without Kysely's executor: on a pooled
+ * PostgreSQL connection, or on SQLite's connection when no transaction is
+ * open on it; undefined when that cannot be done (a handle inside a
+ * transaction, whose statements must use its connection, another request's
+ * transaction open on SQLite's one connection, or a pool Kysely has not
+ * opened yet). Kysely's plugins are not run, which is
  * why prepared.ts takes only reads, inserts and updates of bookkeeping
  * columns: nothing the credential cache's writes plugin must see (the mail
  * policy plugin changes no query; it is only read from the handle).
@@ -492,11 +512,26 @@ class DirectReadsDialect extends PostgresDialect {
  * connection wrapper and each plugin's result hook, each an await) cost
  * the server 9–43 µs of CPU per uncached page of 50 (361, 260, 282 µs
  * through it against 318, 251, 254 without, three interleaved rounds;
- * bench/README.md, "Issue 20: the uncached page on PostgreSQL").
+ * bench/README.md, "Issue 20: the uncached page on PostgreSQL"). On SQLite
+ * it cost 3 to 7% of the server's CPU per uncached page and up to 14% per
+ * cached one (100,000 users, eight interleaved rounds with the builds in
+ * both places; bench/README.md, "Issue 20: 8 KiB pages and SQLite's reads").
  */
 export async function queryDirect (db: Kysely<any>, text: string, parameters: readonly unknown[], options: { pipelined: boolean }): Promise<unknown[] | undefined> {
   if (db.isTransaction) return undefined
-  const reads = directReads.get(db.getExecutor().adapter)
+  const adapter = db.getExecutor().adapter
+  const sqlite = directSqlite.get(adapter)
+  if (sqlite !== undefined) {
+    // Kysely's driver holds the connection for a transaction across its awaits: a statement run now would run inside
+    // it. (A stream would hold it too, and better-sqlite3 refuses other statements while one iterates; gatehouse streams
+    // nothing from SQLite: streamUsersJson reads pages.)
+    if (sqlite.inTransaction()) return undefined
+    const statement = sqlite.prepare(text)
+    if (statement.reader) return statement.all(parameters)
+    statement.run(parameters)
+    return []
+  }
+  const reads = directReads.get(adapter)
   if (reads?.pool === undefined) return undefined
   if (options.pipelined && reads.pipelines !== undefined) return await reads.pipelines.query(text, parameters)
   const connection = await reads.pool.connect()
@@ -714,10 +749,24 @@ function discardingStalled (pool: pg.Pool, pipelines: ReadPipelines | undefined)
 /** The size SQLite cuts the WAL file back to once it has been checkpointed (Rails's and Hanami's default too). */
 export const WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
-function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): SqliteDatabase {
+/** The connection as Kysely's driver takes it, and whether a transaction is open on it. */
+interface OpenSqlite extends SqliteDatabase {
+  prepare: (text: string) => SqliteStatement
+  inTransaction: () => boolean
+}
+
+function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): OpenSqlite {
   const file = path === ':memory:' || path === '' ? ':memory:' : path
   if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true })
   const raw = new Sqlite(file, { timeout: busyTimeoutMs })
+  // A new file gets pages of 8 KiB rather than SQLite's 4: the index that carries the users' stored texts (migration
+  // 0024) then holds twice as many users a page, and an uncached page of 50 visits half as many b-tree pages. At
+  // 100,000 users the server's CPU per uncached page was 0.88 to 0.95 of what it was with 4 KiB (eight interleaved
+  // rounds, the builds in both places; the statement alone 24.3 to 25.0 µs against 31.0 to 33.8, and 25.4 to 25.9
+  // with 16 KiB). An event's insert costs 3 to 5 µs more, a user's lookup or update the same (bench/README.md,
+  // "Issue 20: 8 KiB pages and SQLite's reads"). The size is fixed when the first table is made: an existing file
+  // keeps its own (docs/configuration.md says how to convert one).
+  raw.pragma('page_size = 8192')
   raw.pragma('journal_mode = WAL')
   raw.pragma('synchronous = NORMAL')
   raw.pragma('foreign_keys = ON')
@@ -750,7 +799,8 @@ function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): Sqli
         statements.set(text, statement)
       }
       return statement
-    }
+    },
+    inTransaction: () => raw.inTransaction
   }
 }
 

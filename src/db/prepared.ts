@@ -36,9 +36,9 @@ const templates = new WeakMap<object, Map<string, Template>>()
  * A statement run here skips the plugins' `transformQuery`, so the
  * credential cache's writes plugin (auth/credential-cache.ts) never sees it:
  * only reads, inserts and updates of bookkeeping columns may come this way,
- * never a change that may end or narrow a credential. On PostgreSQL, outside
- * a transaction, it goes to a pooled connection without Kysely's executor
- * (database.ts `queryDirect`).
+ * never a change that may end or narrow a credential. Outside a transaction
+ * it runs without Kysely's executor, on a pooled PostgreSQL connection or on
+ * SQLite's connection (database.ts `queryDirect`).
  */
 export async function executePrepared<Row> (
   db: Db,
@@ -80,10 +80,8 @@ export async function executePrepared<Row> (
     if (!(slot.name in values)) throw new Error(`prepared query "${shape}" needs a value for ${slot.name}`)
     return values[slot.name]
   })
-  if (isPostgres(db)) {
-    const rows = await queryDirect(db, template.sql, parameters, { pipelined: template.pipelined })
-    if (rows !== undefined) return rows as Row[]
-  }
+  const rows = await queryDirect(db, template.sql, parameters, { pipelined: template.pipelined })
+  if (rows !== undefined) return rows as Row[]
   const result = await db.executeQuery<Row>(CompiledQuery.raw(template.sql, parameters))
   return result.rows
 }
