@@ -29,7 +29,13 @@
  * with each server's stdout and stderr (`AB_NODE_ARGS_B=--trace-gc`).
  * Each round also prints the server's minor page faults per response and its
  * resident memory after the round (and the most it has held since it
- * started): a node option that trades memory for CPU shows both.
+ * started): a node option that trades memory for CPU shows both, and its
+ * latency (p50 / p99). On PostgreSQL, the same build against itself read
+ * 0.906 to 0.975 on 29 November (two sittings of two rounds), and in seven
+ * of that day's eight sittings on PostgreSQL the server started second (B)
+ * had the cheaper backends. Run a change with the builds' places swapped
+ * too (AB_A=dist/server.js AB_B=<the other>) before reading a difference of
+ * that size.
  * AB_PAIRED=1: in each round both builds at once, each at AB_RATE requests a
  * second (1000) on its own connections, so that the machine's swings between
  * one measurement and the next fall on both alike. On 28 November, in a noisy
