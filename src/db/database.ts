@@ -751,7 +751,6 @@ export const WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 /** The connection as Kysely's driver takes it, and whether a transaction is open on it. */
 interface OpenSqlite extends SqliteDatabase {
-  prepare: (text: string) => SqliteStatement
   inTransaction: () => boolean
 }
 
