@@ -124,7 +124,10 @@ async function startServer (target: Target, tmp: string, dbPath: string): Promis
       ? { HOST, DATABASE_URL: `sqlite:${dbPath}`, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY, ...settings.pageEnv }
       : {})
   })
-  const script = target === 'page' ? [join(ROOT, 'dist', 'server.js')] : ['--import', 'tsx', join(ROOT, 'bench', 'bare-server.ts')]
+  // The floor with V8's allocation-site pretenuring off, as gatehouse's server turns it off as it starts (src/server.ts,
+  // stopPretenuring) and as `npm run bench` starts the floor (uncached-page.ts); the bare route with V8's defaults, as there.
+  const bareServer = ['--import', 'tsx', join(ROOT, 'bench', 'bare-server.ts')]
+  const script = target === 'page' ? [join(ROOT, 'dist', 'server.js')] : target === 'floor' ? ['--no-allocation-site-pretenuring', ...bareServer] : bareServer
   if (target === 'page' && !existsSync(script[0]!)) throw new Error('dist/server.js is missing: run `npm run build` first')
   const command = native
     ? [process.execPath, ...script]
