@@ -430,7 +430,15 @@ for (const dialect of dialects()) {
       assert.equal(await groupNamed(name), undefined, 'the group was not created')
     })
 
-    it('keeps groups and arrays in agreement under concurrent changes of members, arrays and names, answering only 2xx or a 409 to retry', { timeout: 120_000 }, async () => {
+    /** Transactions this app ran again because PostgreSQL found them in a deadlock (its Prometheus counter). */
+    const deadlockRetries = async (): Promise<number> => {
+      const res = await t.app.inject({ url: '/auth/metrics' })
+      assert.equal(res.statusCode, 200, res.body)
+      const match = /^gatehouse_db_transaction_retries_total\{reason="deadlock"\} (\d+)$/m.exec(res.body)
+      return match === null ? 0 : Number(match[1])
+    }
+
+    it('keeps groups and arrays in agreement under concurrent changes of members, arrays and names, answering only 2xx or a 409 to retry, and without a deadlock', { timeout: 120_000 }, async () => {
       const stem = uniqueName('race')
       const names = ['a', 'b', 'c'].map(n => `${stem}-${n}`)
       const groups: Group[] = []
@@ -448,6 +456,7 @@ for (const dialect of dialects()) {
         }
         ops.push(async () => await call('PATCH', `/api/groups/${groups[round % groups.length]!.id}`, { display_name: `${names[round % names.length]!}-${round}` }))
       }
+      const deadlocksBefore = await deadlockRetries()
       const answers: string[] = []
       let next = 0
       await Promise.all(Array.from({ length: 6 }, async () => {
@@ -457,6 +466,8 @@ for (const dialect of dialects()) {
         }
       }))
       assert.deepEqual([...new Set(answers)].filter(a => a !== '2xx' && a !== '409 conflict'), [], 'nothing but success or a conflict to retry')
+      // Users before groups, each in id order: a deadlock (retried, but found only after PostgreSQL's deadlock_timeout) is a lock order broken.
+      assert.equal(await deadlockRetries() - deadlocksBefore, 0, 'no transaction was rolled back to break a deadlock')
       const listed = await call('GET', `/api/groups?q=${stem}&limit=1000`)
       for (const group of listed.json() as Group[]) {
         const members = await memberIds(group.id)

@@ -822,16 +822,23 @@ function withIntegerBooleans (statement: SQLite.Statement): SqliteStatement {
 }
 
 /** PostgreSQL's deadlock_detected and serialization_failure: the transaction was chosen to be rolled back, and may simply be run again. */
-const RETRYABLE = new Set(['40P01', '40001'])
+const RETRYABLE = new Map([['40P01', 'deadlock'], ['40001', 'serialization_failure']] as const)
+export type RetryReason = 'deadlock' | 'serialization_failure'
+
+/** Per database: transactions transactionRetried ran again, by why (for /metrics; a deadlock counted here is a lock order to fix). */
+const retriesOf = new WeakMap<Db, Record<RetryReason, number>>()
+
+export function transactionRetryCounts (db: Db): Record<RetryReason, number> {
+  return { ...(retriesOf.get(db) ?? { deadlock: 0, serialization_failure: 0 }) }
+}
 
 /**
  * Runs `work` in a transaction, and runs it again (at most `attempts` times in
- * all) when PostgreSQL rolled it back to break a deadlock. Changes of a group
- * and of its members' arrays lock users and groups in one order (users
- * first), but a member who joins between a rename's read of the members and
- * its lock on the group is locked out of that order; such a rare deadlock is
- * retried here rather than answered with 409 `conflict`. `work` must do
- * nothing outside the transaction that cannot be done twice.
+ * all) when PostgreSQL rolled it back to break a deadlock. Changes of users
+ * and groups lock them in one order (users first, each kind in id order), so
+ * a deadlock should not happen; should one still (a lock order missed), it is
+ * retried here rather than answered with 409 `conflict`, and counted.
+ * `work` must do nothing outside the transaction that cannot be done twice.
  */
 export async function transactionRetried<T> (db: Db, work: (trx: Db) => Promise<T>, attempts = 3): Promise<T> {
   for (let attempt = 1; ; attempt++) {
@@ -839,9 +846,28 @@ export async function transactionRetried<T> (db: Db, work: (trx: Db) => Promise<
       return await db.transaction().execute(work)
     } catch (error) {
       const code = (error as { code?: unknown } | null)?.code
-      if (attempt >= attempts || typeof code !== 'string' || !RETRYABLE.has(code)) throw error
+      const reason = typeof code === 'string' ? RETRYABLE.get(code as '40P01') : undefined
+      if (reason === undefined) throw error
+      const counts = retriesOf.get(db) ?? { deadlock: 0, serialization_failure: 0 }
+      retriesOf.set(db, counts)
+      counts[reason]++
+      if (attempt >= attempts) throw error
     }
   }
+}
+
+/**
+ * Runs `attempt` inside a savepoint of the open transaction `trx`. When it
+ * returns undefined, all it did is rolled back to the savepoint, and with it
+ * (on PostgreSQL) the row locks it took; otherwise the savepoint is released
+ * and its result returned. A throw leaves the savepoint to the transaction,
+ * which rolls back as a whole.
+ */
+export async function keptOrRolledBack<T> (trx: Db, attempt: () => Promise<T | undefined>): Promise<T | undefined> {
+  await sql`savepoint gatehouse_attempt`.execute(trx)
+  const result = await attempt()
+  await (result === undefined ? sql`rollback to savepoint gatehouse_attempt` : sql`release savepoint gatehouse_attempt`).execute(trx)
+  return result
 }
 
 /** Cheap round trip used by /readyz. */

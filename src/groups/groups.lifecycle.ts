@@ -1,4 +1,4 @@
-import { toStringArray, type Db } from '../db/database.ts'
+import { isPostgres, keptOrRolledBack, toStringArray, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
@@ -79,14 +79,55 @@ function groupExists (name: string): AppError {
  * users join and leave other groups meanwhile.
  */
 async function lockedGroup (trx: Db, id: string, options: { check?: (current: GroupRow) => void, expectedVersion?: number | undefined }, lock: { users?: readonly string[], members?: boolean, rename?: boolean }): Promise<GroupRow> {
-  await lockUserRows(trx, [...lock.users ?? [], ...lock.members === true ? await listGroupMemberIds(trx, id) : []])
-  const current = await findGroupById(trx, id, { lock: lock.rename === true ? 'update' : 'no_key_update' })
+  const users = new Set(lock.users ?? [])
+  const groupLock = lock.rename === true ? 'update' : 'no_key_update'
+  let current: GroupRow | undefined
+  if (lock.members === true) {
+    current = await lockedWithMembers(trx, id, users, groupLock)
+  } else {
+    await lockUserRows(trx, [...users])
+    current = await findGroupById(trx, id, { lock: groupLock })
+  }
   if (current === undefined) throw groupNotFound(id)
   if (options.expectedVersion !== undefined && options.expectedVersion !== current.version) {
     throw new AppError('precondition_failed', 412, 'The group changed since you read it; read it again and retry.')
   }
   options.check?.(current)
   return current
+}
+
+/** Rounds of lockedWithMembers before it goes on with what it holds. */
+const MEMBER_LOCK_ROUNDS = 3
+
+/**
+ * Locks `users` and every member, then the group. The members are read
+ * before the group is locked, and that lock waits for the joins under way
+ * to commit: one who joined meanwhile would be locked only after the group,
+ * out of order, and deadlock against a change of theirs that waits for this
+ * group (a change of another group's members asks for every group its
+ * members are in). So on PostgreSQL the locks are taken in a savepoint and,
+ * when the members read again under the group's lock include someone new,
+ * given back and taken again with them. After MEMBER_LOCK_ROUNDS such rounds
+ * the newcomers are locked late, and a deadlock left is transactionRetried's.
+ */
+async function lockedWithMembers (trx: Db, id: string, users: Set<string>, groupLock: 'update' | 'no_key_update'): Promise<GroupRow | undefined> {
+  for (const memberId of await listGroupMemberIds(trx, id)) users.add(memberId)
+  const lockAll = async (): Promise<GroupRow | undefined> => {
+    await lockUserRows(trx, [...users])
+    return await findGroupById(trx, id, { lock: groupLock })
+  }
+  if (!isPostgres(trx)) return await lockAll()
+  for (let round = 1; round <= MEMBER_LOCK_ROUNDS; round++) {
+    const locked = await keptOrRolledBack(trx, async () => {
+      const group = await lockAll()
+      if (group === undefined) return { group }
+      const newcomers = (await listGroupMemberIds(trx, id)).filter(memberId => !users.has(memberId))
+      for (const memberId of newcomers) users.add(memberId)
+      return newcomers.length > 0 ? undefined : { group }
+    })
+    if (locked !== undefined) return locked.group
+  }
+  return await lockAll()
 }
 
 async function outcome (trx: Db, row: GroupRow, added: string[], removed: string[]): Promise<GroupOutcome> {

@@ -54,12 +54,22 @@ export async function findGroupByName (db: Db, displayName: string): Promise<Gro
  * away. `no_key_update` when the caller will also write the rows (a new
  * version for a change of members): taken at once rather than raised from
  * `key_share` later, which can deadlock against a rename waiting in between.
+ * `alsoIds`: groups locked with them in the same statement, and so in the
+ * same id order (a user's groups they leave); at most a user's groups, so
+ * they go with the first chunk of names.
  */
-export async function findGroupsByNames (db: Db, names: readonly string[], options: { lock?: 'key_share' | 'no_key_update' } = {}): Promise<GroupRow[]> {
+export async function findGroupsByNames (db: Db, names: readonly string[], options: { lock?: 'key_share' | 'no_key_update', alsoIds?: readonly string[] } = {}): Promise<GroupRow[]> {
   const rows: GroupRow[] = []
   const sorted = [...new Set(names)].sort()
-  for (let i = 0; i < sorted.length; i += CHUNK) {
-    rows.push(...await db.selectFrom('groups').selectAll().where('display_name', 'in', sorted.slice(i, i + CHUNK))
+  const alsoIds = [...new Set(options.alsoIds ?? [])]
+  for (let i = 0; i < Math.max(sorted.length, alsoIds.length > 0 ? 1 : 0); i += CHUNK) {
+    const chunk = sorted.slice(i, i + CHUNK)
+    const ids = i === 0 ? alsoIds : []
+    rows.push(...await db.selectFrom('groups').selectAll()
+      .where(eb => eb.or([
+        ...chunk.length > 0 ? [eb('display_name', 'in', chunk)] : [],
+        ...ids.length > 0 ? [eb('id', 'in', ids)] : []
+      ]))
       .$if(options.lock === 'key_share' && isPostgres(db), q => q.orderBy('id').forKeyShare())
       .$if(options.lock === 'no_key_update' && isPostgres(db), q => q.orderBy('id').forNoKeyUpdate())
       .execute())
@@ -100,10 +110,14 @@ export async function updateGroup (db: Db, id: string, expectedVersion: number, 
 
 /** A new version of each group, for a change of its members. */
 export async function touchGroups (db: Db, ids: readonly string[], now: string): Promise<void> {
-  // In id order, so two transactions touching the same groups lock them in the same order.
   const sorted = [...new Set(ids)].sort()
   for (let i = 0; i < sorted.length; i += CHUNK) {
-    await db.updateTable('groups').set({ version: sql`version + 1`, updated_at: now }).where('id', 'in', sorted.slice(i, i + CHUNK)).execute()
+    // Locked in id order by the inner select, so two transactions touching the
+    // same groups queue rather than deadlock: an UPDATE alone locks its rows in
+    // the order its plan meets them (a bitmap or sequential scan: the heap's).
+    const locked = db.selectFrom('groups').select('id').where('id', 'in', sorted.slice(i, i + CHUNK))
+      .$if(isPostgres(db), q => q.orderBy('id').forNoKeyUpdate())
+    await db.updateTable('groups').set({ version: sql`version + 1`, updated_at: now }).where('id', 'in', locked).execute()
   }
 }
 

@@ -5,6 +5,7 @@ import { countMailsByStatus } from '../mail/mail.repository.ts'
 import { countDeliveriesByStatus } from '../webhooks/webhooks.repository.ts'
 import { problems } from '../lib/openapi.ts'
 import { pageCacheCounts } from '../users/users.service.ts'
+import { transactionRetryCounts } from '../db/database.ts'
 
 /**
  * Prometheus metrics at `${basePath}/metrics`. Routes are labelled by their
@@ -51,6 +52,17 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     collect () {
       this.reset()
       for (const [result, count] of Object.entries(pageCacheCounts(app.db))) this.inc({ result }, count)
+    }
+  }))
+
+  registry.registerMetric(new Counter({
+    name: 'gatehouse_db_transaction_retries_total',
+    help: 'Transactions of this instance that PostgreSQL rolled back to break a deadlock (reason="deadlock") or a serialization failure, and that were run again. Deadlocks should stay at 0: each waited deadlock_timeout (1 s by default) before PostgreSQL found it.',
+    labelNames: ['reason'] as const,
+    registers: [],
+    collect () {
+      this.reset()
+      for (const [reason, count] of Object.entries(transactionRetryCounts(app.db))) this.inc({ reason }, count)
     }
   }))
 

@@ -155,11 +155,14 @@ function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<s
  * event) those that have none. A name another transaction makes first is
  * used as made there.
  */
-async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[], lock: 'key_share' | 'no_key_update'): Promise<Map<string, string>> {
+async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[], lock: 'key_share' | 'no_key_update', alsoLockIds: readonly string[] = []): Promise<Map<string, string>> {
   const unique = [...new Set(names)]
   const ids = new Map<string, string>()
-  if (unique.length === 0) return ids
-  for (const group of await findGroupsByNames(trx, unique, { lock })) ids.set(group.display_name, group.id)
+  if (unique.length === 0 && alsoLockIds.length === 0) return ids
+  const named = new Set(unique)
+  for (const group of await findGroupsByNames(trx, unique, { lock, alsoIds: alsoLockIds })) {
+    if (named.has(group.display_name)) ids.set(group.display_name, group.id)
+  }
   const missing = unique.filter(name => !ids.has(name))
   if (missing.length === 0) return ids
   const now = nowIso()
@@ -189,11 +192,14 @@ async function recordMembershipChanges (trx: Db, ctx: RequestContext, type: 'gro
  * of members itself, once for all the users it changes.
  */
 async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, names: readonly string[], record: boolean): Promise<void> {
-  // Recording, the groups get a new version: locked for that at once. The
-  // group lifecycle holds the one group whose members it changes, and must
-  // not wait on the member's other groups, which it leaves as they are.
-  const wanted = new Set((await groupIdsOf(trx, ctx, names, record ? 'no_key_update' : 'key_share')).values())
+  // The user's row is locked, so no other transaction changes what they hold meanwhile.
   const held = new Set(await listGroupIdsOfUser(trx, userId))
+  // Recording, the groups joined and left get a new version: all locked for
+  // that at once, in one statement and so in one id order (locking those left
+  // only when touched would deadlock against a user leaving what this one joins).
+  // The group lifecycle holds the one group whose members it changes, and
+  // must not wait on the member's other groups, which it leaves as they are.
+  const wanted = new Set((await groupIdsOf(trx, ctx, names, record ? 'no_key_update' : 'key_share', record ? [...held] : [])).values())
   const added = [...wanted].filter(id => !held.has(id))
   const removed = [...held].filter(id => !wanted.has(id))
   await insertMemberships(trx, added.map(groupId => ({ group_id: groupId, user_id: userId })))
