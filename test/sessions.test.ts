@@ -426,4 +426,26 @@ for (const dialect of dialects()) {
       assert.equal(await me(`gatehouse_session=${token}`, {}), 200)
     })
   })
+
+  describe(`the device cookie behind a proxy that terminates TLS (${dialect.name})`, () => {
+    const t = useTestApp(dialect, { trustProxy: true, accountLockThreshold: 3 })
+
+    it('over HTTPS makes a known client of a locked account only under its __Host- name', async () => {
+      const user = await createUser(t)
+      const over = (address: string): Record<string, string> => ({ 'x-forwarded-proto': 'https', 'x-forwarded-for': address, origin: 'https://localhost:80' })
+      const signedIn = await login(t, user.username, GOOD_PASSWORD, over('192.0.2.10'))
+      assert.equal(signedIn.statusCode, 200, signedIn.body)
+      const device = signedIn.cookies.find(c => c.name === '__Host-gatehouse_device')
+      assert.ok(device?.secure === true, `a __Host- device cookie, Secure: ${JSON.stringify(signedIn.cookies)}`)
+      for (let i = 0; i < 3; i++) assert.equal((await login(t, user.username, 'not the password', over('192.0.2.20'))).statusCode, 401)
+      const locked = await t.app.inject({ url: `/auth/api/events?target_id=${user.id}&type=user.locked`, headers: auth(t.adminKey) })
+      assert.equal(locked.json().length, 1, 'the account is locked')
+      // From an address the account never used, only the browser's device cookie can make it a known client.
+      const fresh = over('192.0.2.30')
+      assert.equal((await login(t, user.username, GOOD_PASSWORD, fresh)).statusCode, 401)
+      // What a sibling subdomain could have set with Domain=<the site>: not taken over HTTPS.
+      assert.equal((await login(t, user.username, GOOD_PASSWORD, { ...fresh, cookie: `gatehouse_device=${device.value}` })).statusCode, 401)
+      assert.equal((await login(t, user.username, GOOD_PASSWORD, { ...fresh, cookie: `__Host-gatehouse_device=${device.value}` })).statusCode, 200)
+    })
+  })
 }

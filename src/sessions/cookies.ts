@@ -25,11 +25,23 @@ export function clearSessionCookie (reply: FastifyReply): void {
   reply.clearCookie(SESSION_COOKIE_PLAIN, { path: '/', httpOnly: true, sameSite: 'lax' })
 }
 
+/**
+ * The device cookie a request brings: over HTTPS only the `__Host-` one, as
+ * for the session cookie (auth.plugin.ts sessionCookieOf). A plain
+ * `gatehouse_device` there could have been set by another host of the site,
+ * and would make a browser a known client of an account, to which its lock
+ * does not apply.
+ */
+function deviceCookieOf (request: FastifyRequest): string | undefined {
+  const cookies = request.cookies
+  return request.protocol === 'https' ? cookies[DEVICE_COOKIE_SECURE] : cookies[DEVICE_COOKIE_SECURE] ?? cookies[DEVICE_COOKIE_PLAIN]
+}
+
 export function sessionContext (request: FastifyRequest): SignInContext {
   return {
     ...requestContext(request),
     userAgent: request.headers['user-agent'] ?? null,
-    deviceToken: request.cookies[DEVICE_COOKIE_SECURE] ?? request.cookies[DEVICE_COOKIE_PLAIN] ?? null,
+    deviceToken: deviceCookieOf(request) ?? null,
     previousSessionToken: sessionCookieOf(request) ?? null
   }
 }
