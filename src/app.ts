@@ -27,6 +27,7 @@ import { migrateToLatest } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
+import { trustFunction, withForwarding } from './lib/forwarded.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
 import { jsonParserWithPosition } from './lib/json-body.ts'
 import { finishDocument, operationTransform, Problem } from './lib/openapi.ts'
@@ -142,6 +143,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, ACCESS_MESSAGE)
     }
   }
+  const forwarding = config.trustProxy !== false ? trustFunction(config.trustProxy) : undefined
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>({
     logger: options.logger ?? loggerOptions(config.logLevel, logDestination),
     // Unknown and read-only fields are an error, not something to drop silently.
@@ -163,12 +165,12 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     // exists (oversized headers, a timeout) is answered as a problem too.
     // No hook runs for these, so their access line is written here.
     frameworkErrors: (error, request, reply) => {
-      answerFrameworkError(error, request, reply)
-      logAccess(request, reply)
+      const seen = forwarding !== undefined ? withForwarding(request, forwarding) : request
+      answerFrameworkError(error, seen, reply, config.hsts)
+      logAccess(seen, reply)
     },
     clientErrorHandler: answerClientError,
-    // A hop count is valid at run time; Fastify's types only list the other forms.
-    trustProxy: config.trustProxy as boolean | string,
+    trustProxy: config.trustProxy,
     onProtoPoisoning: 'error',
     onConstructorPoisoning: 'error',
     requestIdHeader: false,

@@ -1,6 +1,7 @@
 import { readFileSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
 import { USERNAME_PATTERN } from './users/users.schemas.ts'
+import { trustFunction } from './lib/forwarded.ts'
 import { readLdapConfig, type LdapConfig } from './sso/ldap.config.ts'
 import { parseOidcProviders, type OidcProviderSettings } from './sso/oidc.settings.ts'
 
@@ -54,7 +55,7 @@ export interface Config {
   /** Words tied to the service that no password may contain (ASVS 6.1.2: documented in docs/security.md). */
   passwordContextWords: string[]
   /** Trust X-Forwarded-* from this proxy setting (Fastify `trustProxy`); false means the socket address. */
-  trustProxy: boolean | string | number
+  trustProxy: boolean | string
   /** The Strict-Transport-Security value sent with every answer to an HTTPS request; undefined: none (HSTS=off). */
   hsts: string | undefined
   docsEnabled: boolean
@@ -346,9 +347,18 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   }
   const trustProxy = str('TRUST_PROXY')
   if (trustProxy !== undefined) {
-    c.trustProxy = /^(true|false)$/i.test(trustProxy)
-      ? trustProxy.toLowerCase() === 'true'
-      : /^\d+$/.test(trustProxy) ? Number(trustProxy) : trustProxy
+    // Fastify (5.12) no longer honours a hop count: it trusts whoever connects, so a client reaching gatehouse directly could name its own address.
+    if (/^\d+$/.test(trustProxy.trim())) {
+      throw new ConfigError(`TRUST_PROXY=${trustProxy.trim()}: a hop count is not accepted, as it would trust any peer, a client that reaches gatehouse directly too. Name the proxy: TRUST_PROXY=127.0.0.1 for one on this machine, or its addresses or CIDR ranges, comma-separated (docs/nginx.md#trust_proxy)`)
+    }
+    c.trustProxy = /^(true|false)$/i.test(trustProxy) ? trustProxy.toLowerCase() === 'true' : trustProxy
+    if (typeof c.trustProxy === 'string') {
+      try {
+        trustFunction(c.trustProxy)
+      } catch (error) {
+        throw new ConfigError(`TRUST_PROXY must be true, false, or proxy addresses or CIDR ranges, comma-separated (${(error as Error).message})`)
+      }
+    }
   }
   const hsts = str('HSTS')
   if (hsts !== undefined) c.hsts = hsts.toLowerCase() === 'off' ? undefined : hsts

@@ -395,8 +395,10 @@ const STANDING_HEADERS: Record<string, string> = {
 /**
  * Fastify's `frameworkErrors`: a URL whose percent-encoding cannot be decoded,
  * or a path parameter longer than the router takes, found before routing.
+ * No hook runs for these, so the headers every answer carries are set here,
+ * `hsts` (config.hsts) over HTTPS as app.ts's onSend sets it.
  */
-export function answerFrameworkError (error: FastifyError, request: FastifyRequest, reply: FastifyReply): void {
+export function answerFrameworkError (error: FastifyError, request: FastifyRequest, reply: FastifyReply, hsts: string | undefined): void {
   const appError = error.code === 'FST_ERR_MAX_PARAM_LENGTH'
     ? new AppError('validation_failed', 422, 'The request does not match the schema of this operation.', {
       errors: [{ in: 'path', pointer: '', detail: 'a path parameter is longer than this service accepts' }]
@@ -404,6 +406,7 @@ export function answerFrameworkError (error: FastifyError, request: FastifyReque
     : toAppError(error)
   logFailure(request.log, appError, error)
   reply.headers({ ...STANDING_HEADERS, 'X-Request-Id': request.id })
+  if (hsts !== undefined && request.protocol === 'https') reply.header('Strict-Transport-Security', hsts)
   sendProblem(reply, appError)
 }
 

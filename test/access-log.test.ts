@@ -111,3 +111,24 @@ describe('the access log line under LOG_LEVEL=warn', () => {
     assert.deepEqual(lines.filter(line => line.includes(ACCESS_MESSAGE)), [])
   })
 })
+
+describe('the access line behind a trusted proxy', () => {
+  const lines: string[] = []
+  let t: TestApp
+  before(async () => { t = await createTestApp(dialects()[0]!, { trustProxy: '127.0.0.1' }, { write: (line: string) => { lines.push(line) } }) })
+  after(async () => { await t.app.close() })
+
+  it('names the client the proxy reports, also for a request refused before routing', async () => {
+    for (const url of ['/auth/api/users?limit=1', '/auth/api/users/%E0%A4%A']) {
+      const res = await t.app.inject({ url, remoteAddress: '127.0.0.1', headers: { ...auth(t.adminKey), 'x-forwarded-for': '198.51.100.7' } })
+      const requestId = res.headers['x-request-id'] as string
+      const [line] = lines.filter(l => l.includes(`"reqId":"${requestId}"`) && l.includes(`"msg":"${ACCESS_MESSAGE}"`))
+      assert.ok(line !== undefined, url)
+      assert.equal((JSON.parse(line) as AccessEntry).req.remoteAddress, '198.51.100.7', url)
+    }
+    // A peer the setting does not name is itself the client, whatever it forwards.
+    const res = await t.app.inject({ url: '/auth/api/users/%E0%A4%A', remoteAddress: '192.0.2.1', headers: { 'x-forwarded-for': '198.51.100.7' } })
+    const [line] = lines.filter(l => l.includes(`"reqId":"${res.headers['x-request-id'] as string}"`) && l.includes(`"msg":"${ACCESS_MESSAGE}"`))
+    assert.equal((JSON.parse(line!) as AccessEntry).req.remoteAddress, '192.0.2.1')
+  })
+})

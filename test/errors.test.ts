@@ -133,8 +133,8 @@ describe('Strict-Transport-Security (HSTS)', () => {
   const switchedOff = useTestApp(dialects()[0]!, { trustProxy: true, hsts: undefined })
   const https = { 'x-forwarded-proto': 'https' }
 
-  it('is sent for a year, subdomains included, with every answer to an HTTPS request: the API, an error, the docs, the sign-in page', async () => {
-    for (const url of ['/auth/api/users?limit=1', '/auth/api/nothing', '/auth/docs', '/auth/login']) {
+  it('is sent for a year, subdomains included, with every answer to an HTTPS request: the API, an error, one refused before routing, the docs, the sign-in page', async () => {
+    for (const url of ['/auth/api/users?limit=1', '/auth/api/nothing', '/auth/api/users/%E0%A4%A', '/auth/docs', '/auth/login']) {
       const res = await behindProxy.app.inject({ url, headers: { ...auth(behindProxy.adminKey), ...https } })
       assert.equal(res.headers['strict-transport-security'], 'max-age=31536000; includeSubDomains', url)
     }
@@ -157,6 +157,19 @@ describe('Strict-Transport-Security (HSTS)', () => {
     assert.equal(loadConfig({ HSTS: 'max-age=63072000; includeSubDomains; preload' }).hsts, 'max-age=63072000; includeSubDomains; preload')
     for (const value of ['max-age=1y', 'includeSubDomains', 'max-age=31536000, includeSubDomains']) {
       assert.throws(() => loadConfig({ HSTS: value }), ConfigError, value)
+    }
+  })
+})
+
+describe('TRUST_PROXY', () => {
+  it('takes true, false, and proxy addresses or CIDR ranges; refuses a hop count and what is not an address, stopping the start', () => {
+    assert.equal(loadConfig({ TRUST_PROXY: 'true' }).trustProxy, true)
+    assert.equal(loadConfig({ TRUST_PROXY: 'FALSE' }).trustProxy, false)
+    assert.equal(loadConfig({ TRUST_PROXY: '127.0.0.1, 10.0.0.0/8,loopback' }).trustProxy, '127.0.0.1, 10.0.0.0/8,loopback')
+    // A hop count trusts whoever connects (Fastify 5.12 ignores it): named, with what to set instead.
+    assert.throws(() => loadConfig({ TRUST_PROXY: '1' }), (error: Error) => error instanceof ConfigError && /hop count/.test(error.message) && /TRUST_PROXY=127\.0\.0\.1/.test(error.message))
+    for (const value of ['yes', '10.0.0.0/33', '127.0.0.1,nginx']) {
+      assert.throws(() => loadConfig({ TRUST_PROXY: value }), ConfigError, value)
     }
   })
 })
