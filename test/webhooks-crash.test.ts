@@ -1,11 +1,10 @@
 import assert from 'node:assert/strict'
-import { spawn, type ChildProcess } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { randomBytes } from 'node:crypto'
-import { fileURLToPath } from 'node:url'
 import { after, describe, it } from 'node:test'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
@@ -13,31 +12,10 @@ import { crashTestsSkipped, dialects, dropSchema } from './helpers.ts'
 import { Receiver } from './webhook-receiver.ts'
 import { waitFor } from './polling.ts'
 import { freePort } from './ports.ts'
+import { startService, waitReady } from './service-process.ts'
 
-const ROOT = fileURLToPath(new URL('..', import.meta.url))
 const tmp = mkdtempSync(join(tmpdir(), 'gatehouse-webhooks-'))
 after(() => { rmSync(tmp, { recursive: true, force: true }) })
-
-/** The service as production runs it: its own process, killed without warning by the test. */
-function startService (env: Record<string, string>): ChildProcess {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env },
-    stdio: ['ignore', 'ignore', 'pipe']
-  })
-  child.stderr!.setEncoding('utf8').on('data', (d: string) => { process.stderr.write(`[service] ${d}`) })
-  return child
-}
-
-async function waitReady (base: string): Promise<void> {
-  await waitFor('the service to be ready', async () => {
-    try {
-      return (await fetch(`${base}/readyz`)).ok
-    } catch {
-      return false
-    }
-  }, 30_000)
-}
 
 for (const dialect of dialects()) {
   describe(`webhooks survive kill -9 (${dialect.name})`, { skip: crashTestsSkipped() }, () => {

@@ -1,0 +1,31 @@
+import { spawn, type ChildProcess } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { waitFor } from './polling.ts'
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url))
+
+/**
+ * The service as production runs it: its own process (src/server.ts) with
+ * only this environment, its stderr echoed with a prefix. The crash tests
+ * kill it without warning and start it again on the same database.
+ */
+export function startService (env: Record<string, string>): ChildProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/server.ts'], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? '', ...env },
+    stdio: ['ignore', 'ignore', 'pipe']
+  })
+  child.stderr!.setEncoding('utf8').on('data', (d: string) => { process.stderr.write(`[service] ${d}`) })
+  return child
+}
+
+/** Until `${base}/readyz` answers 200 (30 s at most). */
+export async function waitReady (base: string): Promise<void> {
+  await waitFor('the service to be ready', async () => {
+    try {
+      return (await fetch(`${base}/readyz`)).ok
+    } catch {
+      return false
+    }
+  }, 30_000)
+}
