@@ -822,10 +822,10 @@ function withIntegerBooleans (statement: SQLite.Statement): SqliteStatement {
 }
 
 /** PostgreSQL's deadlock_detected and serialization_failure: the transaction was chosen to be rolled back, and may simply be run again. */
-const RETRYABLE = new Map([['40P01', 'deadlock'], ['40001', 'serialization_failure']] as const)
 export type RetryReason = 'deadlock' | 'serialization_failure'
+const RETRYABLE = new Map<string, RetryReason>([['40P01', 'deadlock'], ['40001', 'serialization_failure']])
 
-/** Per database: transactions transactionRetried ran again, by why (for /metrics; a deadlock counted here is a lock order to fix). */
+/** Per database: transactionRetried's transactions PostgreSQL rolled back, by why (for /metrics; a deadlock counted here is a lock order to fix). */
 const retriesOf = new WeakMap<Db, Record<RetryReason, number>>()
 
 export function transactionRetryCounts (db: Db): Record<RetryReason, number> {
@@ -846,7 +846,7 @@ export async function transactionRetried<T> (db: Db, work: (trx: Db) => Promise<
       return await db.transaction().execute(work)
     } catch (error) {
       const code = (error as { code?: unknown } | null)?.code
-      const reason = typeof code === 'string' ? RETRYABLE.get(code as '40P01') : undefined
+      const reason = typeof code === 'string' ? RETRYABLE.get(code) : undefined
       if (reason === undefined) throw error
       const counts = retriesOf.get(db) ?? { deadlock: 0, serialization_failure: 0 }
       retriesOf.set(db, counts)

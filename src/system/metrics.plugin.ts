@@ -57,7 +57,7 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
 
   registry.registerMetric(new Counter({
     name: 'gatehouse_db_transaction_retries_total',
-    help: 'Transactions of this instance that PostgreSQL rolled back to break a deadlock (reason="deadlock") or a serialization failure, and that were run again. Deadlocks should stay at 0: each waited deadlock_timeout (1 s by default) before PostgreSQL found it.',
+    help: 'Transactions of this instance that PostgreSQL rolled back to break a deadlock (reason="deadlock") or for a serialization failure, where gatehouse runs them again (up to three attempts; the last failure answers 409 conflict). Deadlocks should stay at 0: each waited deadlock_timeout (1 s by default) before PostgreSQL found it.',
     labelNames: ['reason'] as const,
     registers: [],
     collect () {
