@@ -1,10 +1,9 @@
 import type { FastifyRequest } from 'fastify'
 import proxyAddr from '@fastify/proxy-addr'
 
-/** Who may set X-Forwarded-*: Fastify's `trustProxy`, read as Fastify reads it. */
-export function trustFunction (trustProxy: boolean | string): (address: string, hop: number) => boolean {
+/** Who may set X-Forwarded-*: Fastify's `trustProxy` (when not false), read as Fastify reads it. */
+export function trustFunction (trustProxy: true | string): (address: string, hop: number) => boolean {
   if (trustProxy === true) return () => true
-  if (trustProxy === false) return () => false
   return proxyAddr.compile(trustProxy.split(',').map(entry => entry.trim()))
 }
 
