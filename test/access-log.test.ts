@@ -27,6 +27,11 @@ function pinoLine (entry: AccessEntry, url: string): string {
   return lines[0]!
 }
 
+/** The access lines among `lines` of the request with this id. */
+function accessLinesIn (lines: string[], requestId: string): string[] {
+  return lines.filter(line => line.includes(`"reqId":"${requestId}"`) && line.includes(`"msg":"${ACCESS_MESSAGE}"`))
+}
+
 describe('the access log line', () => {
   const lines: string[] = []
   let t: TestApp
@@ -34,7 +39,7 @@ describe('the access log line', () => {
   after(async () => { await t.app.close() })
 
   function accessLinesOf (requestId: string): string[] {
-    return lines.filter(line => line.includes(`"reqId":"${requestId}"`) && line.includes(`"msg":"${ACCESS_MESSAGE}"`))
+    return accessLinesIn(lines, requestId)
   }
 
   it('is the line pino writes for the request, byte for byte, whatever the URL holds', async () => {
@@ -118,17 +123,19 @@ describe('the access line behind a trusted proxy', () => {
   before(async () => { t = await createTestApp(dialects()[0]!, { trustProxy: '127.0.0.1' }, { write: (line: string) => { lines.push(line) } }) })
   after(async () => { await t.app.close() })
 
+  /** The client address the access line of a request from `peer`, forwarding 198.51.100.7, names. */
+  async function clientLogged (url: string, peer: string): Promise<string | undefined> {
+    const res = await t.app.inject({ url, remoteAddress: peer, headers: { ...auth(t.adminKey), 'x-forwarded-for': '198.51.100.7' } })
+    const [line] = accessLinesIn(lines, res.headers['x-request-id'] as string)
+    assert.ok(line !== undefined, `an access line for ${url}`)
+    return (JSON.parse(line) as AccessEntry).req.remoteAddress
+  }
+
   it('names the client the proxy reports, also for a request refused before routing', async () => {
     for (const url of ['/auth/api/users?limit=1', '/auth/api/users/%E0%A4%A']) {
-      const res = await t.app.inject({ url, remoteAddress: '127.0.0.1', headers: { ...auth(t.adminKey), 'x-forwarded-for': '198.51.100.7' } })
-      const requestId = res.headers['x-request-id'] as string
-      const [line] = lines.filter(l => l.includes(`"reqId":"${requestId}"`) && l.includes(`"msg":"${ACCESS_MESSAGE}"`))
-      assert.ok(line !== undefined, url)
-      assert.equal((JSON.parse(line) as AccessEntry).req.remoteAddress, '198.51.100.7', url)
+      assert.equal(await clientLogged(url, '127.0.0.1'), '198.51.100.7', url)
     }
     // A peer the setting does not name is itself the client, whatever it forwards.
-    const res = await t.app.inject({ url: '/auth/api/users/%E0%A4%A', remoteAddress: '192.0.2.1', headers: { 'x-forwarded-for': '198.51.100.7' } })
-    const [line] = lines.filter(l => l.includes(`"reqId":"${res.headers['x-request-id'] as string}"`) && l.includes(`"msg":"${ACCESS_MESSAGE}"`))
-    assert.equal((JSON.parse(line!) as AccessEntry).req.remoteAddress, '192.0.2.1')
+    assert.equal(await clientLogged('/auth/api/users/%E0%A4%A', '192.0.2.1'), '192.0.2.1')
   })
 })
