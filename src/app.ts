@@ -73,6 +73,7 @@ import landingRoutes from './system/landing.ts'
 import accountRoutes, { ACCOUNT_SCHEMAS } from './account/account.routes.ts'
 import accountPages from './account/account-pages.ts'
 import { BackgroundTasks } from './lib/background.ts'
+import { RequestDrain } from './lib/request-drain.ts'
 import { deleteTokensEndedBefore } from './tokens/tokens.repository.ts'
 import { purgeSignInHistory } from './sessions/sessions.service.ts'
 import { memoryFailureCounter, redisFailureCounter } from './sessions/failure-counter.ts'
@@ -187,6 +188,14 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   }).withTypeProvider<TypeBoxTypeProvider>()
 
   app.decorate('stdoutLog', stdoutLog)
+  // First of the stop: every request accepted is answered (503 once the stop has begun, Fastify's
+  // return503OnClosing) before anything it may use is stopped; the database closes last of all, in onClose.
+  let shuttingDown = false
+  const requests = new RequestDrain(app.server)
+  app.addHook('preClose', async () => {
+    shuttingDown = true
+    await requests.drain()
+  })
   // Bounded: the last lines must not be what keeps a stopping process alive.
   if (stdoutLog !== undefined) app.addHook('onClose', async () => { await stdoutLog.flushWithin(LOG_FLUSH_ON_CLOSE_MS) })
   const ownDb = options.db ?? createDb(config)
@@ -345,8 +354,6 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     }
     done(null, payload)
   })
-  let shuttingDown = false
-  app.addHook('preClose', async () => { shuttingDown = true })
   const successorOffset = config.basePath.length
   const hsts = config.hsts
   app.addHook('onSend', (request, reply, payload, done) => {

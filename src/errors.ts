@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto'
 import { STATUS_CODES, type ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { DatabaseConnectionError } from './db/connection-failure.ts'
 
 /**
  * The stable error codes of the API. Clients branch on these; never rename one.
@@ -238,7 +239,9 @@ const UNIQUE_TARGETS: Array<[RegExp, ErrorCode, string]> = [
   [/groups_display_name|groups\.display_name/, 'group_exists', 'A group with that name already exists.']
 ]
 
+/** PostgreSQL's connection_exception class, admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections. */
 const PG_UNAVAILABLE = /^(08|57P0|53300)/
+/** Sockets refused or gone (system errors' codes), SQLite's file locked or not openable. */
 const NET_UNAVAILABLE = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'ENOTFOUND', 'EHOSTUNREACH', 'EPIPE', 'SQLITE_BUSY', 'SQLITE_LOCKED', 'SQLITE_CANTOPEN'])
 
 export function mapDatabaseError (error: unknown): AppError | undefined {
@@ -257,8 +260,9 @@ export function mapDatabaseError (error: unknown): AppError | undefined {
   if (code === '23503' || code === 'SQLITE_CONSTRAINT_FOREIGNKEY') {
     return new AppError('conflict', 409, 'The change refers to a record that no longer exists.', { cause: error })
   }
-  if (PG_UNAVAILABLE.test(code) || NET_UNAVAILABLE.has(code) ||
-      /timeout exceeded when trying to connect|Connection terminated|connect ECONNREFUSED|is not queryable/.test(message)) {
+  // What failed between us and PostgreSQL is classified where it happens (db/connection-failure.ts), never by its text here.
+  if (error instanceof DatabaseConnectionError && error.kind === 'query_timeout') return databaseTooSlow(error)
+  if (error instanceof DatabaseConnectionError || PG_UNAVAILABLE.test(code) || NET_UNAVAILABLE.has(code)) {
     return new AppError('database_unavailable', 503, 'The database is unavailable; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
   }
   // ioredis, when the shared Redis (sign-in throttling, request limits) cannot be reached or does not answer in time.
@@ -268,11 +272,13 @@ export function mapDatabaseError (error: unknown): AppError | undefined {
   if (code === '40P01' || code === '40001') {
     return new AppError('conflict', 409, 'A concurrent change got in the way; retry the request.', { cause: error })
   }
-  // The server's statement_timeout, or the client's query_timeout when the server does not answer at all.
-  if (code === '57014' || message === 'Query read timeout') {
-    return new AppError('database_unavailable', 503, 'The database took too long to answer; try again shortly.', { cause: error, headers: { 'Retry-After': '5' } })
-  }
+  // The server's statement_timeout (query_canceled).
+  if (code === '57014') return databaseTooSlow(error)
   return undefined
+}
+
+function databaseTooSlow (cause: unknown): AppError {
+  return new AppError('database_unavailable', 503, 'The database took too long to answer; try again shortly.', { cause, headers: { 'Retry-After': '5' } })
 }
 
 /**

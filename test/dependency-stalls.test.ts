@@ -16,6 +16,8 @@ import { NO_REDIS, TEST_REDIS_URL, testRedisAddress, testRedisUrlVia } from './r
 class BlackholeProxy {
   private readonly pairs = new Set<{ client: Socket, upstream: Socket | undefined }>()
   private dark = false
+  /** Connections accepted while dark: the client tried to open new ones during the stall. */
+  acceptedWhileDark = 0
   private constructor (private readonly server: Server, private readonly target: { host: string, port: number }) {}
 
   static async start (target: { host: string, port: number }): Promise<BlackholeProxy> {
@@ -40,7 +42,8 @@ class BlackholeProxy {
     })
     // Explicitly paused, so the data listener added on linking does not start the flow.
     client.pause()
-    if (!this.dark) this.link(pair)
+    if (this.dark) this.acceptedWhileDark++
+    else this.link(pair)
   }
 
   private link (pair: { client: Socket, upstream: Socket | undefined }): void {
@@ -82,6 +85,11 @@ class BlackholeProxy {
    */
   resumeNewOnly (): void {
     this.dark = false
+  }
+
+  /** Connections open through the proxy now, linked or held. */
+  get open (): number {
+    return this.pairs.size
   }
 
   /** The far end goes away abruptly: every connection is reset. */
@@ -352,5 +360,124 @@ describe('a PostgreSQL that stops answering', { skip: pgDialect === undefined ? 
       process.off('uncaughtException', onEscape)
     }
     assert.deepEqual(escaped.map(String), [])
+  })
+})
+
+/**
+ * The same stall met by requests that need a connection the pool does not
+ * have: every connection is reset and the proxy then holds new ones without
+ * forwarding a byte, so each request waits out node-postgres' connect timeout
+ * (pooled or pipelined). Every kind of operation, at every door, answers 503
+ * database_unavailable with Retry-After, not 500.
+ */
+describe('a PostgreSQL that stops answering new connections', { skip: pgDialect === undefined ? 'TEST_DATABASE_URL is not set' : false }, () => {
+  const QUERY_TIMEOUT_MS = 800
+  const ACQUIRE_TIMEOUT_MS = 600
+  let proxy: BlackholeProxy
+  let t: TestApp
+  let scimKey: string
+  let userId: string
+  let username: string
+  let consoleCookie: string
+
+  before(async () => {
+    const real = new URL(pgDialect!.url!)
+    proxy = await BlackholeProxy.start({ host: real.hostname, port: Number(real.port || 5432) })
+    const proxied = new URL(real)
+    proxied.hostname = '127.0.0.1'
+    proxied.port = String(proxy.port)
+    t = await createTestApp(pgDialect!, {
+      databaseUrl: proxied.toString(),
+      databaseStatementTimeoutMs: 500,
+      databaseQueryTimeoutMs: QUERY_TIMEOUT_MS,
+      databaseAcquireTimeoutMs: ACQUIRE_TIMEOUT_MS,
+      // Nothing answered from memory: each request below goes to the database.
+      credentialCacheTtlMs: 0
+    })
+    username = uniqueName('admin')
+    const created = await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username, password: GOOD_PASSWORD, role: 'admin' } })
+    assert.equal(created.statusCode, 201, created.body)
+    userId = created.json().id
+    const key = await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'idp', scopes: ['scim'] } })
+    assert.equal(key.statusCode, 201, key.body)
+    scimKey = key.json().key
+    const login = await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD } })
+    assert.equal(login.statusCode, 200, login.body)
+    consoleCookie = `gatehouse_session=${(login.json() as { token: string }).token}`
+  })
+  after(async () => {
+    proxy.resume()
+    await t?.app.close()
+    await proxy.close()
+  })
+
+  const scim = { 'content-type': 'application/scim+json' }
+  const operations: Array<{ name: string, ok: number, scim?: true, page?: true, run: () => Promise<LightMyRequestResponse> }> = [
+    { name: 'read: GET /api/users', ok: 200, run: async () => await t.app.inject({ url: '/auth/api/users', headers: auth(t.adminKey) }) },
+    { name: 'read: GET /api/users/{id}', ok: 200, run: async () => await t.app.inject({ url: `/auth/api/users/${userId}`, headers: auth(t.adminKey) }) },
+    { name: 'write: POST /api/users', ok: 201, run: async () => await t.app.inject({ method: 'POST', url: '/auth/api/users', headers: auth(t.adminKey), payload: { username: uniqueName() } }) },
+    { name: 'sign-in: POST /api/login', ok: 200, run: async () => await t.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD } }) },
+    {
+      name: 'SCIM: POST /scim/v2/Users',
+      ok: 201,
+      scim: true,
+      run: async () => await t.app.inject({ method: 'POST', url: '/auth/scim/v2/Users', headers: { ...scim, ...auth(scimKey) }, payload: { schemas: ['urn:ietf:params:scim:schemas:core:2.0:User'], userName: uniqueName('scim') } })
+    },
+    {
+      name: 'SCIM: GET /scim/v2/Users?filter=',
+      ok: 200,
+      scim: true,
+      run: async () => await t.app.inject({ url: `/auth/scim/v2/Users?filter=${encodeURIComponent(`userName eq "${username}"`)}`, headers: auth(scimKey) })
+    },
+    { name: 'console page: GET /admin/users', ok: 200, page: true, run: async () => await t.app.inject({ url: '/auth/admin/users', headers: { cookie: consoleCookie } }) }
+  ]
+  // A request may wait for a connection, then for a query on it.
+  const limit = ACQUIRE_TIMEOUT_MS + QUERY_TIMEOUT_MS + SLACK_MS
+
+  const assertEveryOneUnavailable = async (ctx: TestContext): Promise<void> => {
+    const answers = await Promise.all(operations.map(async op => ({ op, ...(await timed(limit + 5000, op.run)) })))
+    ctx.diagnostic(answers.map(({ op, res, ms }) => `${op.name}: ${res.statusCode} after ${ms} ms`).join('; '))
+    for (const { op, res, ms } of answers) {
+      assert.equal(res.statusCode, 503, `${op.name}: ${res.body}`)
+      assert.match(String(res.headers['retry-after']), /^\d+$/, op.name)
+      if (op.scim === true) {
+        assert.match(res.headers['content-type'] as string, /^application\/scim\+json/, op.name)
+        const body = res.json() as { schemas: string[], status: string, detail: string }
+        assert.deepEqual([body.schemas, body.status, typeof body.detail], [['urn:ietf:params:scim:api:messages:2.0:Error'], '503', 'string'], op.name)
+      } else if (op.page === true) {
+        assert.match(res.headers['content-type'] as string, /^text\/html/, op.name)
+      } else {
+        assertUnavailable(res, 'database_unavailable')
+      }
+      assert.ok(ms <= limit, `${op.name} answered after ${ms} ms`)
+    }
+  }
+  const assertEveryOneServed = async (): Promise<void> => {
+    for (const op of operations) assert.equal((await op.run()).statusCode, op.ok, op.name)
+  }
+
+  it('answers every kind of operation 503 database_unavailable with Retry-After within the connect timeout', async (ctx: TestContext) => {
+    await assertEveryOneServed()
+    proxy.blackhole()
+    // Every open connection goes: what the pool and the read pipelines hold is reset, and new ones are held unanswered.
+    proxy.cut()
+    await eventually(5000, async () => { assert.equal(proxy.open, 0) })
+    await assertEveryOneUnavailable(ctx)
+    assert.ok(proxy.acceptedWhileDark > 0, 'the requests had to open new connections')
+  })
+
+  it('serves every kind of operation again once new connections get through', async () => {
+    proxy.resume()
+    await eventually(10_000, assertEveryOneServed)
+  })
+
+  it('answers every kind of operation 503 database_unavailable within the query timeout when its open connections go silent', async (ctx: TestContext) => {
+    await assertEveryOneServed()
+    const accepted = proxy.acceptedWhileDark
+    proxy.blackhole()
+    await assertEveryOneUnavailable(ctx)
+    ctx.diagnostic(`${proxy.acceptedWhileDark - accepted} new connection(s) tried during the stall`)
+    proxy.resume()
+    await eventually(10_000, assertEveryOneServed)
   })
 })

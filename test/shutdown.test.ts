@@ -2,6 +2,7 @@ import assert from 'node:assert/strict'
 import { spawn, spawnSync, type ChildProcessByStdio } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
+import { request as httpRequest } from 'node:http'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { connect, type Socket } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -27,6 +28,8 @@ interface Service {
   key: string
   /** Everything the service wrote to stderr so far. */
   stderr: () => string
+  /** Everything the service wrote to stdout (its log) so far. */
+  stdout: () => string
   exited: () => boolean
   /** Ends the process if a test left it running (a hung shutdown), and removes what it made. */
   cleanUp: () => Promise<void>
@@ -62,6 +65,7 @@ async function startService (dialect: { name: string, url?: string }, dir: strin
     base: `http://127.0.0.1:${port}/auth`,
     key,
     stderr: () => stderr,
+    stdout: () => stdout,
     exited,
     cleanUp: async () => {
       if (!exited()) {
@@ -128,15 +132,15 @@ async function expectExitWithinCap (service: Service): Promise<void> {
  * not leave it running: a stdout whose reader is gone drops log lines and
  * counts them, and SIGTERM ends the process within the shutdown cap.
  */
-describe('shutdown when the reader of stdout is gone (node dist/server.js)', () => {
-  let dir: string
-  before(() => {
-    dir = mkdtempSync(join(tmpdir(), 'gatehouse-shutdown-'))
-    const build = spawnSync(process.execPath, [join(root, 'scripts/build.js')], { cwd: root, encoding: 'utf8' })
-    assert.equal(build.status, 0, build.stderr)
-  })
-  after(() => { rmSync(dir, { recursive: true, force: true }) })
+let dir: string
+before(() => {
+  dir = mkdtempSync(join(tmpdir(), 'gatehouse-shutdown-'))
+  const build = spawnSync(process.execPath, [join(root, 'scripts/build.js')], { cwd: root, encoding: 'utf8' })
+  assert.equal(build.status, 0, build.stderr)
+})
+after(() => { rmSync(dir, { recursive: true, force: true }) })
 
+describe('shutdown when the reader of stdout is gone (node dist/server.js)', () => {
   for (const dialect of dialects()) {
     it(`on ${dialect.name}: under load, drops and counts the log lines once stdout's reader is gone, and exits within the cap on SIGTERM`, { timeout: 60_000 }, async () => {
       const service = await startService(dialect, dir)
@@ -208,6 +212,86 @@ describe('shutdown when the reader of stdout is gone (node dist/server.js)', () 
         assert.match(answer, /HTTP\/1\.1 (400|422) /)
         assert.equal(service.child.exitCode, 0, service.stderr())
         assert.match(service.stderr(), /log line\(s\) could not be written to stdout \(EPIPE\)/)
+      } finally {
+        socket?.destroy()
+        await service.cleanUp()
+      }
+    })
+  }
+})
+
+const PASSWORD = 'correct horse battery staple'
+
+async function createUsers (service: Service, count: number): Promise<string[]> {
+  return await Promise.all(Array.from({ length: count }, async (_, i) => {
+    const username = `signer-${i}-${randomBytes(4).toString('hex')}`
+    const res = await fetch(`${service.base}/api/users`, {
+      method: 'POST', headers: { authorization: `Bearer ${service.key}`, 'content-type': 'application/json' }, body: JSON.stringify({ username, password: PASSWORD })
+    })
+    assert.equal(res.status, 201, await res.text())
+    return username
+  }))
+}
+
+/**
+ * A sign-in on a connection of its own: resolves with the status of its
+ * answer, or the error code when the connection ended without one; `sent`
+ * resolves once the connection is open and the request written to it.
+ */
+function signInOnItsOwnConnection (service: Service, username: string): { sent: Promise<void>, answer: Promise<number | string> } {
+  const body = JSON.stringify({ username, password: PASSWORD })
+  let sent!: () => void
+  const written = new Promise<void>(resolve => { sent = resolve })
+  const answer = new Promise<number | string>(resolve => {
+    const req = httpRequest({ host: '127.0.0.1', port: service.port, path: '/auth/api/login', method: 'POST', agent: false, headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) } }, res => {
+      res.resume()
+      res.on('end', () => { resolve(res.statusCode ?? 0) })
+      res.on('error', (error: NodeJS.ErrnoException) => { resolve(error.code ?? error.message) })
+    })
+    req.on('error', (error: NodeJS.ErrnoException) => { sent(); resolve(error.code ?? error.message) })
+    req.on('finish', () => { sent() })
+    req.end(body)
+  })
+  return { sent: written, answer }
+}
+
+describe('a stop with sign-ins in flight (node dist/server.js)', () => {
+  for (const dialect of dialects()) {
+    it(`on ${dialect.name}: answers every sign-in it accepted (200, or 503 before starting it), closes the database after the last, and exits 0 within the cap`, { timeout: 90_000 }, async () => {
+      const service = await startService(dialect, dir)
+      let socket: Socket | undefined
+      try {
+        const [slow, ...names] = await createUsers(service, 21)
+        // One sign-in the server is reading at the signal (its body is still coming), with a wrong password: its
+        // failure is counted and the account's known addresses read, in the database, after the stop has begun.
+        socket = connect({ host: '127.0.0.1', port: service.port })
+        await once(socket, 'connect')
+        let slowAnswer = ''
+        socket.setEncoding('utf8').on('data', (d: string) => { slowAnswer += d })
+        const slowBody = JSON.stringify({ username: slow, password: 'not the password at all' })
+        socket.write('POST /auth/api/login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n' +
+          `Content-Length: ${Buffer.byteLength(slowBody)}\r\nExpect: 100-continue\r\n\r\n`)
+        socket.write(slowBody.slice(0, 5))
+        await waitFor('the server reading the slow sign-in', () => slowAnswer.startsWith('HTTP/1.1 100 Continue'), 10_000)
+
+        // Twenty more, each on a connection of its own, and the signal as soon as all are written: some are being
+        // hashed, some read, some still in the kernel's queue of connections not yet accepted.
+        const signIns = names!.map(name => signInOnItsOwnConnection(service, name))
+        await Promise.all(signIns.map(async s => { await s.sent }))
+        service.child.kill('SIGTERM')
+        await waitFor('the shutting-down line', () => service.stdout().includes('"msg":"shutting down"'), 10_000)
+        socket.write(slowBody.slice(5))
+
+        const answers = await Promise.all(signIns.map(async s => await s.answer))
+        await expectExitWithinCap(service)
+        await waitFor('the slow sign-in\'s answer', () => /\r\n\r\n\{/.test(slowAnswer), 5_000)
+        const counts: Record<string, number> = {}
+        for (const answer of answers) counts[String(answer)] = (counts[String(answer)] ?? 0) + 1
+        assert.deepEqual(Object.keys(counts).filter(answer => answer !== '200' && answer !== '503'), [], `every sign-in answered 200 or 503: ${JSON.stringify(counts)}`)
+        assert.match(slowAnswer, /HTTP\/1\.1 401 /, 'the sign-in read at the signal ran to its end')
+        assert.equal(service.child.exitCode, 0, service.stderr())
+        const errors = service.stdout().split('\n').filter(line => /"level":(50|60)|has already been destroyed/.test(line))
+        assert.deepEqual(errors, [])
       } finally {
         socket?.destroy()
         await service.cleanUp()

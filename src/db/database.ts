@@ -20,6 +20,7 @@ import type { Config } from '../config.ts'
 import { Sqlite } from './sqlite-binding.ts'
 import { checkpointInBackground } from './sqlite-checkpoint.ts'
 import { loadPg } from './pg-driver.ts'
+import { DatabaseConnectionError } from './connection-failure.ts'
 
 /** Timestamps are written as RFC 3339 strings; PostgreSQL hands back Date, SQLite the string. */
 type Timestamp = ColumnType<Date | string, string, string>
@@ -434,8 +435,9 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
       // accepts the connection but never answers would otherwise hold it for ever.
       connectionTimeoutMillis: config.databaseAcquireTimeoutMs,
       statement_timeout: config.databaseStatementTimeoutMs,
-      // Client-side: a server that has gone dark never sends the statement_timeout error.
-      query_timeout: config.databaseQueryTimeoutMs,
+      // DATABASE_QUERY_TIMEOUT_MS, the client-side deadline for a server that has gone dark and never sends the
+      // statement_timeout error, is kept by our seams (answeredWithin), not by pg's query_timeout: pg's says so
+      // only in its error's text.
       // UTC, so every timestamptz arrives as `…+00` (isoFromTimestamptz).
       options: `-c TimeZone=UTC${config.databaseSchema !== undefined ? ` -c search_path=${config.databaseSchema}` : ''}`
     }
@@ -444,14 +446,11 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
     const pool = new Pool({ ...connection, max: config.databasePoolSize - pipelineCount, idleTimeoutMillis: IDLE_CONNECTION_MS })
     // An idle client losing its server must not crash the process; the next query reports it.
     pool.on('error', () => {})
-    // Nor one in use: pg-pool listens for errors only on idle clients, and the
-    // query in flight is failed anyway (and the client dropped on release).
-    pool.on('connect', (client) => { client.on('error', () => {}) })
     const pipelines = pipelineCount > 0
-      ? new ReadPipelines(() => new Client({ ...connection, pipeline: true }), pipelineCount)
+      ? new ReadPipelines(() => new Client({ ...connection, pipeline: true }), pipelineCount, config.databaseQueryTimeoutMs)
       : undefined
     reads.pipelines = pipelines
-    return discardingStalled(pool, pipelines)
+    return discardingStalled(pool, pipelines, config.databaseQueryTimeoutMs)
   }
   const reads: DirectReads = { pool: undefined, pipelines: undefined }
   const pool = async (): Promise<PostgresPool> => (reads.pool = await openPool())
@@ -545,6 +544,8 @@ export async function queryDirect (db: Kysely<any>, text: string, parameters: re
 
 interface ReadPipeline {
   client: pg.Client
+  /** Its connection failed or ended (pg's 'error' or 'end'): what fails on it now fails for that reason. */
+  lost: boolean
   /** Settles once the connection is open; rejects (and the pipeline is dropped) if it cannot be. */
   ready: Promise<void>
   open: boolean
@@ -584,25 +585,33 @@ interface ReadPipeline {
 class ReadPipelines {
   readonly #slots: Array<ReadPipeline | undefined>
   readonly #connect: () => pg.Client
+  readonly #queryTimeoutMs: number
   readonly #idleCheck: NodeJS.Timeout
   #ended = false
 
-  constructor (connect: () => pg.Client, size: number) {
+  constructor (connect: () => pg.Client, size: number, queryTimeoutMs: number) {
     this.#connect = connect
+    this.#queryTimeoutMs = queryTimeoutMs
     this.#slots = new Array<ReadPipeline | undefined>(size).fill(undefined)
     this.#idleCheck = setInterval(() => { this.#closeIdle(Date.now()) }, IDLE_CONNECTION_MS / 3).unref()
   }
 
   async query (text: string, parameters: readonly unknown[]): Promise<unknown[]> {
-    if (this.#ended) throw new Error('Client was closed and is not queryable')
+    if (this.#ended) throw new DatabaseConnectionError('connect', new Error('the read pipelines are closed'))
     const pipeline = this.#pick()
     pipeline.inFlight++
     pipeline.lastUsedAt = Date.now()
     try {
       if (!pipeline.open) await pipeline.ready
       this.#gather(pipeline)
-      const result = await pipeline.client.query({ name: statementName(text), text, values: parameters as unknown[] })
+      // A statement that outlives the deadline holds up every one written behind it: the connection goes, failing them too.
+      const result = await answeredWithin(pipeline.client.query({ name: statementName(text), text, values: parameters as unknown[] }), this.#queryTimeoutMs, () => {
+        pipeline.lost = true
+        pipeline.client.connection.stream.destroy()
+      })
       return result.rows
+    } catch (error) {
+      throw failureOn(error, pipeline.lost)
     } finally {
       pipeline.inFlight--
     }
@@ -637,8 +646,9 @@ class ReadPipelines {
 
   #open (slot: number): ReadPipeline {
     const client = this.#connect()
-    const pipeline: ReadPipeline = { client, ready: Promise.resolve(), open: false, inFlight: 0, lastUsedAt: Date.now(), gathering: false }
+    const pipeline: ReadPipeline = { client, lost: false, ready: Promise.resolve(), open: false, inFlight: 0, lastUsedAt: Date.now(), gathering: false }
     const drop = (): void => {
+      pipeline.lost = true
       if (this.#slots[slot] === pipeline) this.#slots[slot] = undefined
     }
     // pg fails the statements in flight itself; the connection is only taken out of use.
@@ -646,7 +656,7 @@ class ReadPipelines {
     client.on('end', drop)
     pipeline.ready = client.connect().then(() => { pipeline.open = true }, (error: unknown) => {
       drop()
-      throw error
+      throw connectFailure(error)
     })
     // Awaited by the statements that wait for it; this keeps a failed open from being an unhandled rejection meanwhile.
     pipeline.ready.catch(() => {})
@@ -715,28 +725,80 @@ export function isoFromTimestamptz (text: string): string {
   return `${match[1]}T${match[2]}.${(match[3] ?? '').padEnd(3, '0').slice(0, 3)}Z`
 }
 
-const QUERY_TIMEOUT = 'Query read timeout'
+/**
+ * `running`, unless it is not settled within `timeoutMs`: then a
+ * DatabaseConnectionError('query_timeout'), handed first to `giveUp` (which
+ * takes the connection out of use). What `running` comes to after that is dropped.
+ */
+async function answeredWithin<T> (running: Promise<T>, timeoutMs: number, giveUp: (error: DatabaseConnectionError) => void): Promise<T> {
+  return await new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      const error = new DatabaseConnectionError('query_timeout')
+      giveUp(error)
+      reject(error)
+    }, timeoutMs)
+    running.then(value => { clearTimeout(timer); resolve(value) }, (error: unknown) => { clearTimeout(timer); reject(error) })
+  })
+}
+
+/**
+ * Why opening a connection failed, as DatabaseConnectionError('connect'):
+ * anything pg or pg-pool rejects with (its own timeouts, a refused or reset
+ * socket, a closed pool) but the server's own refusal (pg's DatabaseError: a
+ * wrong password, a database that does not exist, too many connections),
+ * which keeps its SQLSTATE code for errors.ts and the callers that read it.
+ */
+function connectFailure (error: unknown): unknown {
+  return error instanceof loadPg().DatabaseError ? error : new DatabaseConnectionError('connect', error)
+}
+
+/**
+ * Why a statement failed: the server's refusal as it is; anything else,
+ * on a connection that pg reported failed or ended, as connection_lost.
+ * Any other failure (a value pg cannot send, a row it cannot read) is ours.
+ */
+function failureOn (error: unknown, connectionLost: boolean): unknown {
+  if (error instanceof DatabaseConnectionError || error instanceof loadPg().DatabaseError || !connectionLost) return error
+  return new DatabaseConnectionError('connection_lost', error)
+}
 
 /**
  * Pooled connections that are given up once a query on them outlives
- * query_timeout. Such a connection still owes that answer, which may never
- * come: kept, it would make the next query on it wait behind the lost one.
- * Later queries on it (a transaction's ROLLBACK) fail at once with the same
- * error instead of waiting out another timeout, and releasing it closes it.
+ * DATABASE_QUERY_TIMEOUT_MS. Such a connection still owes that answer, which
+ * may never come: kept, it would make the next query on it wait behind the
+ * lost one. Later queries on it (a transaction's ROLLBACK) fail at once with
+ * the same error instead of waiting out another timeout, and releasing it
+ * closes it. Failures are classified here (connectFailure, failureOn).
  */
-function discardingStalled (pool: pg.Pool, pipelines: ReadPipelines | undefined): PostgresPool {
+function discardingStalled (pool: pg.Pool, pipelines: ReadPipelines | undefined, queryTimeoutMs: number): PostgresPool {
+  // Clients whose connection pg reported failed or ended. pg-pool listens for
+  // errors only on idle clients; this listener also keeps one in use from
+  // crashing the process (the query in flight is failed anyway, and the
+  // client dropped on release).
+  const lost = new WeakSet<pg.Client>()
+  pool.on('connect', (client) => {
+    client.on('error', () => { lost.add(client) })
+    client.on('end', () => { lost.add(client) })
+  })
   return {
     connect: async () => {
-      const client = await pool.connect()
+      let client: pg.PoolClient
+      try {
+        client = await pool.connect()
+      } catch (error) {
+        throw connectFailure(error)
+      }
       let stalled: Error | undefined
       const query = async (text: string, parameters: ReadonlyArray<unknown>): Promise<pg.QueryResult> => {
         if (stalled !== undefined) throw stalled
         try {
-          if (text.startsWith(PREPARE_MARK)) return await client.query({ name: statementName(text), text, values: parameters as unknown[] })
-          return await client.query(text, parameters as unknown[])
+          const running = text.startsWith(PREPARE_MARK)
+            ? client.query({ name: statementName(text), text, values: parameters as unknown[] })
+            : client.query(text, parameters as unknown[])
+          // Released with this error, the client is closed: pg destroys the socket of a client with a statement in flight.
+          return await answeredWithin(running, queryTimeoutMs, (error) => { stalled = error })
         } catch (error) {
-          if (error instanceof Error && error.message === QUERY_TIMEOUT) stalled = error
-          throw error
+          throw failureOn(error, lost.has(client))
         }
       }
       // Kysely's overloads include cursors, which nothing here uses.
