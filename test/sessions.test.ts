@@ -331,6 +331,22 @@ for (const dialect of dialects()) {
       assert.equal((await t.app.inject({ url: '/auth/api/verify' })).statusCode, 401)
       assert.equal((await t.app.inject({ url: '/auth/api/verify', headers: { cookie: 'gatehouse_session=gatehouse_session_' + 'x'.repeat(43) } })).statusCode, 401)
     })
+
+    it('answers /api/verify for a member of groups named in any script, with commas or line breaks, each name percent-encoded', async () => {
+      const names = ['データ', 'Бухгалтерия', 'line\r\nbreak', 'north,south', 'Data Team', 'data-eng', '100% ops', 'é']
+      const user = await createUser(t, { groups: names })
+      const ok = await t.app.inject({ url: '/auth/api/verify', headers: { cookie: sessionCookie(await login(t, user.username)) } })
+      assert.equal(ok.statusCode, 200, ok.body)
+      const header = ok.headers['x-auth-groups']
+      assert.equal(header, '%E3%83%87%E3%83%BC%E3%82%BF,%D0%91%D1%83%D1%85%D0%B3%D0%B0%D0%BB%D1%82%D0%B5%D1%80%D0%B8%D1%8F,line%0D%0Abreak,' +
+        'north%2Csouth,Data%20Team,data-eng,100%25%20ops,%C3%A9')
+      // The line docs/nginx.md gives the main service.
+      assert.deepEqual(String(header ?? '').split(',').filter(Boolean).map(decodeURIComponent), names)
+      const none = await createUser(t)
+      const empty = await t.app.inject({ url: '/auth/api/verify', headers: { cookie: sessionCookie(await login(t, none.username)) } })
+      assert.equal(empty.statusCode, 200)
+      assert.deepEqual(String(empty.headers['x-auth-groups'] ?? '').split(',').filter(Boolean).map(decodeURIComponent), [])
+    })
   })
 }
 

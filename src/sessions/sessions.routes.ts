@@ -14,6 +14,18 @@ import {
 import { MfaChallenge } from '../mfa/mfa.schemas.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
 
+/**
+ * `X-Auth-Groups`: each name percent-encoded as encodeURIComponent does, then
+ * joined by `,`. A header value is Latin-1 without CR or LF, or Node refuses
+ * to write it (and the gate refuses every member): any name a client can
+ * store, `データ` or one holding a comma or a line break, reads back exactly
+ * with `split(',').map(decodeURIComponent)`. A lone surrogate (which would
+ * make encodeURIComponent throw) is written as U+FFFD, as UTF-8 stores it.
+ */
+function groupsHeader (groups: readonly string[]): string {
+  return groups.map(name => encodeURIComponent(name.replace(/\p{Surrogate}/gu, '\uFFFD'))).join(',')
+}
+
 export default async function sessionsRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const FORM_TYPES = ['application/json', 'application/x-www-form-urlencoded']
 
@@ -202,6 +214,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       summary: 'Verify (for a reverse proxy)',
       description: 'For nginx `auth_request` or Traefik ForwardAuth: 200 with X-Auth-User-Id, X-Auth-Username, X-Auth-Role and X-Auth-Groups ' +
         'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here. ' +
+        '`X-Auth-Groups` holds each group name encoded with `encodeURIComponent`, joined by `,` (docs/nginx.md). ' +
         '`X-Auth-MFA: true` when the session\'s sign-in included a second factor or a passkey (always `false` for API keys), so the web UI can require it. ' +
         'Under MFA_REQUIRED, `X-Auth-Role` is `user` for a session without a second factor, whatever the account\'s role (docs/mfa.md).',
       security: SECURITY,
@@ -217,7 +230,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       .header('X-Auth-User-Id', user?.id ?? '')
       .header('X-Auth-Username', user?.username ?? '')
       .header('X-Auth-Role', user?.role ?? (principal.scopes.has('admin') ? 'admin' : ''))
-      .header('X-Auth-Groups', user?.groups.join(',') ?? '')
+      .header('X-Auth-Groups', groupsHeader(user?.groups ?? []))
       .header('X-Auth-Credential', principal.type)
       .header('X-Auth-MFA', principal.mfa === true ? 'true' : 'false')
       .code(200).send(null)
