@@ -10,6 +10,7 @@ import type { FastifyBaseLogger, FastifyError, FastifyInstance, FastifyReply, Fa
 export type ErrorCode =
   | 'validation_failed'
   | 'malformed_body'
+  | 'credentials_in_query'
   | 'malformed_request'
   | 'headers_too_large'
   | 'request_timeout'

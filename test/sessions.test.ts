@@ -351,6 +351,47 @@ for (const dialect of dialects()) {
 }
 
 for (const dialect of dialects()) {
+  describe(`credentials in the query string of sign-in and password operations (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+    const JSON_ROUTES: Array<['POST' | 'PUT', string]> = [
+      ['POST', '/auth/api/login'], ['PUT', '/auth/api/me/password'], ['POST', '/auth/api/login/mfa'], ['POST', '/auth/api/login/mfa/totp'],
+      ['POST', '/auth/api/login/passkey'], ['POST', '/auth/api/me/reauthenticate'], ['POST', '/auth/api/me/mfa/totp/confirm'],
+      ['POST', '/auth/api/invitations/accept'], ['POST', '/auth/api/password-resets'], ['POST', '/auth/api/password-resets/complete']
+    ]
+    const FORM_ROUTES = ['/auth/login', '/auth/login/mfa', '/auth/login/passkey', '/auth/account/reauthenticate', '/auth/account/totp/confirm',
+      '/auth/invitation', '/auth/forgot-password', '/auth/reset-password']
+
+    it('refuses a password, code or token in the query string with 400 credentials_in_query, on every such operation', async () => {
+      const user = await createUser(t)
+      const cookie = sessionCookie(await login(t, user.username))
+      for (const query of ['password=hunter2', 'PassWord=hunter2', 'pass%77ord=hunter2', 'new_password=x', 'code=123456', 'token=abc', 'API_KEY=k']) {
+        for (const [method, url] of JSON_ROUTES) {
+          const res = await t.app.inject({ method, url: `${url}?${query}`, headers: { cookie }, payload: {} })
+          assert.equal(res.statusCode, 400, `${method} ${url}?${query}: ${res.body}`)
+          assert.equal(res.json().code, 'credentials_in_query', `${method} ${url}?${query}`)
+        }
+        for (const url of FORM_ROUTES) {
+          const res = await t.app.inject({ method: 'POST', url: `${url}?${query}`, headers: { cookie, origin: ORIGIN, 'content-type': 'application/x-www-form-urlencoded' }, payload: '' })
+          assert.equal(res.statusCode, 400, `POST ${url}?${query}: ${res.body}`)
+          assert.equal(res.json().code, 'credentials_in_query', `POST ${url}?${query}`)
+        }
+      }
+    })
+
+    it('does not sign in when the password is also in the query string, and signs in with it in the body alone', async () => {
+      const user = await createUser(t)
+      const refused = await t.app.inject({ method: 'POST', url: `/auth/api/login?password=${encodeURIComponent(GOOD_PASSWORD)}`, payload: { username: user.username, password: GOOD_PASSWORD } })
+      assert.equal(refused.statusCode, 400)
+      assert.equal(refused.cookies.length, 0)
+      assert.ok(!refused.body.includes(GOOD_PASSWORD.split(' ')[0]!), 'the answer does not echo the password')
+      const events = await t.app.inject({ url: `/auth/api/events?type=user.login_succeeded&target_id=${user.id}`, headers: auth(t.adminKey) })
+      assert.deepEqual(events.json(), [])
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login?next=/pipelines', payload: { username: user.username, password: GOOD_PASSWORD } })).statusCode, 200)
+    })
+  })
+}
+
+for (const dialect of dialects()) {
   describe(`hash upgrade at sign-in (${dialect.name})`, () => {
     const t = useTestApp(dialect, { argon2TimeCost: 3 })
 

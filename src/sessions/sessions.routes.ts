@@ -44,10 +44,10 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       response: {
         200: { ...ref(Session), description: 'Signed in; the cookie is set too.' },
         202: { ...ref(MfaChallenge), description: 'The password is right; a second factor is needed to finish.' },
-        ...problems(401, 403, 415, 422, 429, 503)
+        ...problems(400, 401, 403, 415, 422, 429, 503)
       }
     },
-    config: { accepts: FORM_TYPES },
+    config: { secretsInBody: true, accepts: FORM_TYPES },
     preValidation: coerceFormFields(LoginBody)
   }, async (request, reply) => {
     // A sign-in from another site's form would sign the browser into an account of the attacker's choosing.
@@ -107,9 +107,9 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
         'Ends your other sessions and revokes your API keys. Needs a session, not an API key.',
       security: SECURITY,
       body: ref(PasswordChange),
-      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(400, 401, 403, 415, 422, 429, 503) }
     },
-    config: { scope: 'signed_in', accepts: ['application/json'] }
+    config: { secretsInBody: true, scope: 'signed_in', accepts: ['application/json'] }
   }, async (request, reply) => {
     await changeOwnPassword(deps, request.principal!, requestContext(request), request.body.current_password, request.body.new_password)
     return await reply.code(204).send(null)
