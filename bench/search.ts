@@ -123,7 +123,7 @@ export async function seedUsers (db: Db, count: number): Promise<void> {
   const groupId = (k: number): string => `00000000-0000-7000-9000-${String(k).padStart(12, '0')}`
   const now = new Date().toISOString()
   await db.insertInto('groups').values([...Array.from({ length: 100 }, (_, k) => ({ id: groupId(k), display_name: `g${k}` })), { id: groupId(100), display_name: 'tiny' }]
-    .map(g => ({ ...g, external_id: null, version: 1, created_at: now, updated_at: now }))).execute()
+    .map(g => ({ ...g, name_key: g.display_name, external_id: null, version: 1, created_at: now, updated_at: now }))).execute()
   // The memberships with their users' sort keys (migration 0018) written directly: the trigger that copies them row by row is off meanwhile.
   if (pgsql) {
     await sql`alter table group_members disable trigger group_members_keys`.execute(db)

@@ -25,6 +25,7 @@ import { createDb, isPostgres, type Db } from './db/database.ts'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
 import { migrateToLatest } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
+import { secretParamsOf } from './lib/query-string.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
 import { trustFunction, withForwarding } from './lib/forwarded.ts'
@@ -329,6 +330,15 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
       raw.resume()
     }
     done()
+  })
+  app.addHook('onRequest', (request, _reply, done) => {
+    const secrets = request.routeOptions.config.secretsInBody === true ? secretParamsOf(request.url) : []
+    if (secrets.length === 0) {
+      done()
+      return
+    }
+    const names = [...new Set(secrets)].map(name => JSON.stringify(name.slice(0, 64))).join(', ')
+    done(new AppError('credentials_in_query', 400, `Send ${names} in the body, not in the URL: addresses are kept in logs and browser history. Treat what the URL held as exposed.`))
   })
   app.addHook('preParsing', (request, reply, payload, done) => {
     const type = request.headers['content-type']

@@ -11,6 +11,7 @@ import { DatabaseConnectionError } from './db/connection-failure.ts'
 export type ErrorCode =
   | 'validation_failed'
   | 'malformed_body'
+  | 'credentials_in_query'
   | 'malformed_request'
   | 'headers_too_large'
   | 'request_timeout'
@@ -236,7 +237,7 @@ export function toAppError (error: unknown): AppError {
 const UNIQUE_TARGETS: Array<[RegExp, ErrorCode, string]> = [
   [/username_key/, 'username_taken', 'A user with that username already exists (usernames are unique ignoring case).'],
   [/email_key/, 'email_taken', 'A user with that email address already exists (addresses are unique ignoring case).'],
-  [/groups_display_name|groups\.display_name/, 'group_exists', 'A group with that name already exists.']
+  [/groups_name_key|groups\.name_key|groups_display_name|groups\.display_name/, 'group_exists', 'A group with that name already exists (names are unique ignoring case).']
 ]
 
 /** PostgreSQL's connection_exception class, admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections. */

@@ -70,6 +70,26 @@ describe('the access log line', () => {
     for (const secret of ['gatehouse_leaked', 'also', 'tok_secret', 'c0de']) assert.ok(!line.includes(secret), secret)
   })
 
+  it('carries no password or other secret given in the query string of any route, whatever the name\'s case or escapes', async () => {
+    const secrets = ['password=hunter2a', 'PassWord=hunter2b', 'pass%77ord=hunter2c', 'new_password=hunter2d', 'current_password=hunter2e',
+      'client_secret=hunter2f', 'otp=hunter2g', 'TOTP=hunter2h', 'key=hunter2i', 'recovery_code=hunter2j', 'access_token=hunter2k']
+    const res = await t.app.inject({ url: `/auth/api/users?limit=1&${secrets.join('&')}&q=kept`, headers: auth(t.adminKey) })
+    const [line] = accessLinesOf(res.headers['x-request-id'] as string)
+    assert.ok(line !== undefined)
+    const names = secrets.map(pair => pair.split('=')[0]!)
+    assert.equal((JSON.parse(line) as AccessEntry).req.url, `/auth/api/users?limit=1&${names.map(name => `${name}=[redacted]`).join('&')}&q=kept`)
+    assert.ok(!line.includes('hunter2'), line)
+  })
+
+  it('redacts the password of a sign-in sent in the query string, which is refused', async () => {
+    const res = await t.app.inject({ method: 'POST', url: '/auth/api/login?username=admin&password=hunter2-login', payload: { username: 'nobody', password: 'not this one either' } })
+    assert.equal(res.statusCode, 400)
+    const [line] = accessLinesOf(res.headers['x-request-id'] as string)
+    assert.ok(line !== undefined)
+    assert.equal((JSON.parse(line) as AccessEntry).req.url, '/auth/api/login?username=admin&password=[redacted]')
+    assert.ok(!lines.some(written => written.includes('hunter2-login')), 'no line carries the password')
+  })
+
   it('is the line pino writes for a request over a real socket, with the client\'s address', async () => {
     const address = await t.app.listen({ host: '127.0.0.1', port: 0 })
     const res = await fetch(`${address}/auth/api/users?limit=2`, { headers: auth(t.adminKey) })

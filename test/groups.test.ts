@@ -5,6 +5,8 @@ import { sql } from 'kysely'
 import type { Config } from '../src/config.ts'
 import * as groupsMigration from '../src/db/migrations/0012_groups.ts'
 import * as memberOrderMigration from '../src/db/migrations/0018_group_member_order.ts'
+import * as nameKeyMigration from '../src/db/migrations/0025_group_name_key.ts'
+import type { Kysely } from 'kysely'
 import { auth, dialects, uniqueName, useTestApp } from './helpers.ts'
 import { Receiver } from './webhook-receiver.ts'
 import { waitFor } from './polling.ts'
@@ -480,17 +482,98 @@ for (const dialect of dialects()) {
       }
     })
 
+    it('keeps group names unique ignoring case, in any script: a name another group has in another case is 409 group_exists', async () => {
+      const stem = uniqueName('case')
+      const data = await createGroup({ display_name: `${stem}-data` })
+      for (const taken of [`${stem}-DATA`, `${stem}-Data`]) {
+        const res = await call('POST', '/api/groups', { display_name: taken })
+        assert.equal(res.statusCode, 409, res.body)
+        assert.equal(res.json().code, 'group_exists')
+        assert.match(res.json().detail, new RegExp(`as "${stem}-data"`))
+      }
+      const cyrillic = await createGroup({ display_name: `${stem}-данные` })
+      assert.equal((await call('POST', '/api/groups', { display_name: `${stem}-ДАННЫЕ` })).statusCode, 409)
+      // A rename onto another group's name in another case is refused; one that changes only its own case is a rename.
+      const renamedOnto = await call('PATCH', `/api/groups/${cyrillic.id}`, { display_name: `${stem}-DaTa` }, { 'content-type': 'application/merge-patch+json' })
+      assert.equal(renamedOnto.statusCode, 409, renamedOnto.body)
+      assert.equal(renamedOnto.json().code, 'group_exists')
+      const member = await createUser([`${stem}-data`])
+      const ownCase = await call('PATCH', `/api/groups/${data.id}`, { display_name: `${stem}-Data` }, { 'content-type': 'application/merge-patch+json' })
+      assert.equal(ownCase.statusCode, 200, ownCase.body)
+      assert.deepEqual((await getUser(member.id)).groups, [`${stem}-Data`])
+      assert.equal((await groupNamed(`${stem}-DATA`))?.id, data.id, 'the display_name filter ignores case')
+      // SCIM: displayName is unique ignoring case there too, and its filter finds the group in any case.
+      const scimKey = (await call('POST', '/api/api-keys', { name: 'idp', scopes: ['scim'] })).json().key as string
+      const scimHeaders = { ...auth(scimKey), 'content-type': 'application/scim+json' }
+      const scimCreate = await t.app.inject({ method: 'POST', url: '/auth/scim/v2/Groups', headers: scimHeaders, payload: { schemas: ['urn:ietf:params:scim:schemas:core:2.0:Group'], displayName: `${stem}-dATA` } })
+      assert.equal(scimCreate.statusCode, 409, scimCreate.body)
+      assert.equal(scimCreate.json().scimType, 'uniqueness')
+      const found = await t.app.inject({ url: `/auth/scim/v2/Groups?filter=${encodeURIComponent(`displayName eq "${stem}-DATA"`)}`, headers: auth(scimKey) })
+      assert.deepEqual(found.json().Resources.map((g: { id: string }) => g.id), [data.id])
+    })
+
+    it('joins the existing group, in its spelling, when a user\'s groups name it in another case, through every door that takes the array', async () => {
+      const stem = uniqueName('spell')
+      const data = await createGroup({ display_name: `${stem}-data` })
+      const created = await createUser([`${stem}-DATA`, `${stem}-New`, `${stem}-NEW`])
+      assert.deepEqual(created.groups, [`${stem}-data`, `${stem}-New`], 'the stored spelling wins; names new to the array that differ only in case are one')
+      const patched = await call('PATCH', `/api/users/${(await createUser()).id}`, { groups: [`${stem}-Data`, `${stem}-new`] }, { 'content-type': 'application/merge-patch+json' })
+      assert.equal(patched.statusCode, 200, patched.body)
+      assert.deepEqual(patched.json().groups, [`${stem}-data`, `${stem}-New`])
+      const users = [{ username: uniqueName('imp'), groups: [`${stem}-DaTa`, `${stem}-Fresh`] }, { username: uniqueName('imp'), groups: [`${stem}-FRESH`] }]
+      const imported = await call('POST', '/api/users/import', { users })
+      assert.equal(imported.statusCode, 200, imported.body)
+      const fresh = await groupNamed(`${stem}-fresh`)
+      assert.equal(fresh?.display_name, `${stem}-Fresh`)
+      assert.equal(fresh.member_count, 2, 'one group for names new to the import that differ only in case')
+      assert.equal((await getGroup(data.id)).member_count, 3)
+      const listed = await call('GET', `/api/groups?q=${encodeURIComponent(stem)}&limit=100`)
+      assert.deepEqual((listed.json() as Group[]).map(g => g.display_name).sort(), [`${stem}-Fresh`, `${stem}-New`, `${stem}-data`].sort())
+      // The two views agree: each member's array holds the group's own spelling.
+      for (const id of await memberIds(data.id)) assert.ok((await getUser(id)).groups.includes(`${stem}-data`))
+      assert.deepEqual((await filteredIds(`${stem}-data`)).sort(), await memberIds(data.id))
+    })
+
+    it('migration 0025 stops, naming them and changing nothing, on groups that differ only in case, and applies once they are renamed', async () => {
+      const db = t.app.db as unknown as Kysely<any>
+      await nameKeyMigration.down(db)
+      const stem = uniqueName('dup')
+      const now = new Date().toISOString()
+      const rows = [`${stem}-Ops`, `${stem}-ops`, `${stem}-ДАННЫЕ`, `${stem}-данные`].map(name => ({ id: randomUUID(), display_name: name, external_id: null, version: 1, created_at: now, updated_at: now }))
+      await db.insertInto('groups').values(rows).execute()
+      await assert.rejects(nameKeyMigration.up(db), (error: Error) => {
+        for (const row of rows) assert.ok(error.message.includes(`"${row.display_name}" (id ${row.id}, 0 members)`), error.message)
+        assert.match(error.message, /Nothing was changed/)
+        return true
+      })
+      // Nothing changed: the exact-name index still holds, and there is no name_key yet.
+      await assert.rejects(db.insertInto('groups').values({ ...rows[0]!, id: randomUUID() }).execute())
+      await assert.rejects(db.selectFrom('groups').select('name_key').execute())
+      await db.updateTable('groups').set({ display_name: `${stem}-ops-2` }).where('id', '=', rows[1]!.id).execute()
+      await db.deleteFrom('groups').where('id', '=', rows[3]!.id).execute()
+      await nameKeyMigration.up(db)
+      const keys = await db.selectFrom('groups').select(['display_name', 'name_key']).where('id', 'in', rows.map(r => r.id)).orderBy('display_name').execute()
+      assert.deepEqual(keys, [
+        { display_name: `${stem}-Ops`, name_key: `${stem}-ops` },
+        { display_name: `${stem}-ops-2`, name_key: `${stem}-ops-2` },
+        { display_name: `${stem}-ДАННЫЕ`, name_key: `${stem}-данные` }
+      ])
+      assert.equal((await call('POST', '/api/groups', { display_name: `${stem}-данные` })).statusCode, 409)
+    })
+
     it('backfills groups and memberships (with their users\' sort keys) from the users\' arrays when migrations 0012 and 0018 run', async () => {
       const name = uniqueName('backfill')
       const users = [await createUser([name, 'bf-shared']), await createUser(['bf-shared']), await createUser([])]
       const db = t.app.db
+      await nameKeyMigration.down(db)
       await memberOrderMigration.down(db)
       await groupsMigration.down(db)
       try {
         await groupsMigration.up(db)
         await memberOrderMigration.up(db)
+        await nameKeyMigration.up(db)
       } catch (error) {
-        throw new Error('migrations 0012 and 0018 did not apply again', { cause: error })
+        throw new Error('migrations 0012, 0018 and 0025 did not apply again', { cause: error })
       }
       const groups = await db.selectFrom('groups').selectAll().execute()
       const names = groups.map(g => g.display_name)

@@ -217,3 +217,67 @@ test(`nginx auth_request gate from docs/nginx.md: sign-in page, identity headers
     if (dir !== undefined) await rm(dir, { recursive: true, force: true })
   }
 })
+
+test(`nginx gate: a member of groups named in any script, with a comma or a line break, gets through and the UI reads the names back exactly (${dialect.name})`, { timeout: 60_000 }, async (t) => {
+  if (!existsSync(NGINX)) {
+    t.skip(`${NGINX} is missing; install Debian's nginx package to run this test (CI does)`)
+    return
+  }
+  const { app, adminKey } = await createTestApp(dialect, { trustProxy: true })
+  const hits: Hit[] = []
+  let upstream: Server | undefined
+  let dir: string | undefined
+  let nginx: Nginx | undefined
+  try {
+    await app.listen({ host: '127.0.0.1', port: 0 })
+    upstream = await startUpstream(hits)
+    dir = await mkdtemp(join(tmpdir(), 'gatehouse-nginx-'))
+    const port = await freePort()
+    const gate = `http://127.0.0.1:${port}`
+    await writeFile(join(dir, 'nginx.conf'), gateConf(dir, port, (app.server.address() as AddressInfo).port, (upstream.address() as AddressInfo).port))
+    nginx = await startNginx(dir, gate)
+
+    const names = ['データ', 'Бухгалтерия', 'line\r\nbreak', 'north,south', 'Data Team', 'data-eng']
+    const username = uniqueName('gate')
+    const created = await fetch(`${gate}/auth/api/users`, {
+      method: 'POST',
+      headers: { ...auth(adminKey), 'content-type': 'application/json' },
+      body: JSON.stringify({ username, password: GOOD_PASSWORD, groups: names })
+    })
+    assert.equal(created.status, 201, await created.text())
+    const login = await fetch(`${gate}/auth/api/login`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ username, password: GOOD_PASSWORD })
+    })
+    const { token } = await login.json() as { token: string }
+    assert.equal(login.status, 200)
+
+    const inGroups = await fetch(`${gate}/pipelines`, { headers: { authorization: `Bearer ${token}` }, redirect: 'manual' })
+    await inGroups.arrayBuffer()
+    assert.equal(inGroups.status, 200, 'the member is let through')
+    const header = hits.at(-1)?.headers['x-auth-groups']
+    assert.equal(typeof header, 'string')
+    // The line docs/nginx.md gives the UI.
+    assert.deepEqual(String(header ?? '').split(',').filter(Boolean).map(decodeURIComponent), names)
+
+    // nginx sends no empty header: a user in no group reads as no groups.
+    const loner = uniqueName('gate')
+    await fetch(`${gate}/auth/api/users`, { method: 'POST', headers: { ...auth(adminKey), 'content-type': 'application/json' }, body: JSON.stringify({ username: loner, password: GOOD_PASSWORD }) })
+    const lonerLogin = await fetch(`${gate}/auth/api/login`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ username: loner, password: GOOD_PASSWORD }) })
+    const lonerToken = (await lonerLogin.json() as { token: string }).token
+    const noGroups = await fetch(`${gate}/pipelines`, { headers: { authorization: `Bearer ${lonerToken}` }, redirect: 'manual' })
+    await noGroups.arrayBuffer()
+    assert.equal(noGroups.status, 200)
+    const absent = hits.at(-1)?.headers['x-auth-groups']
+    assert.deepEqual(String(absent ?? '').split(',').filter(Boolean).map(decodeURIComponent), [])
+  } finally {
+    if (nginx !== undefined) await stopNginx(nginx)
+    if (upstream !== undefined) {
+      upstream.closeAllConnections()
+      await new Promise(resolve => upstream!.close(resolve))
+    }
+    await app.close()
+    if (dir !== undefined) await rm(dir, { recursive: true, force: true })
+  }
+})

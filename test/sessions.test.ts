@@ -331,6 +331,63 @@ for (const dialect of dialects()) {
       assert.equal((await t.app.inject({ url: '/auth/api/verify' })).statusCode, 401)
       assert.equal((await t.app.inject({ url: '/auth/api/verify', headers: { cookie: 'gatehouse_session=gatehouse_session_' + 'x'.repeat(43) } })).statusCode, 401)
     })
+
+    it('answers /api/verify for a member of groups named in any script, with commas or line breaks, each name percent-encoded', async () => {
+      const names = ['データ', 'Бухгалтерия', 'line\r\nbreak', 'north,south', 'Data Team', 'data-eng', '100% ops', 'é']
+      const user = await createUser(t, { groups: names })
+      const ok = await t.app.inject({ url: '/auth/api/verify', headers: { cookie: sessionCookie(await login(t, user.username)) } })
+      assert.equal(ok.statusCode, 200, ok.body)
+      const header = ok.headers['x-auth-groups']
+      assert.equal(header, '%E3%83%87%E3%83%BC%E3%82%BF,%D0%91%D1%83%D1%85%D0%B3%D0%B0%D0%BB%D1%82%D0%B5%D1%80%D0%B8%D1%8F,line%0D%0Abreak,' +
+        'north%2Csouth,Data%20Team,data-eng,100%25%20ops,%C3%A9')
+      // The line docs/nginx.md gives the main service.
+      assert.deepEqual(String(header ?? '').split(',').filter(Boolean).map(decodeURIComponent), names)
+      const none = await createUser(t)
+      const empty = await t.app.inject({ url: '/auth/api/verify', headers: { cookie: sessionCookie(await login(t, none.username)) } })
+      assert.equal(empty.statusCode, 200)
+      assert.deepEqual(String(empty.headers['x-auth-groups'] ?? '').split(',').filter(Boolean).map(decodeURIComponent), [])
+    })
+  })
+}
+
+for (const dialect of dialects()) {
+  describe(`credentials in the query string of sign-in and password operations (${dialect.name})`, () => {
+    const t = useTestApp(dialect)
+    const JSON_ROUTES: Array<['POST' | 'PUT', string]> = [
+      ['POST', '/auth/api/login'], ['PUT', '/auth/api/me/password'], ['POST', '/auth/api/login/mfa'], ['POST', '/auth/api/login/mfa/totp'],
+      ['POST', '/auth/api/login/passkey'], ['POST', '/auth/api/me/reauthenticate'], ['POST', '/auth/api/me/mfa/totp/confirm'],
+      ['POST', '/auth/api/invitations/accept'], ['POST', '/auth/api/password-resets'], ['POST', '/auth/api/password-resets/complete']
+    ]
+    const FORM_ROUTES = ['/auth/login', '/auth/login/mfa', '/auth/login/passkey', '/auth/account/reauthenticate', '/auth/account/totp/confirm',
+      '/auth/invitation', '/auth/forgot-password', '/auth/reset-password']
+
+    it('refuses a password, code or token in the query string with 400 credentials_in_query, on every such operation', async () => {
+      const user = await createUser(t)
+      const cookie = sessionCookie(await login(t, user.username))
+      for (const query of ['password=hunter2', 'PassWord=hunter2', 'pass%77ord=hunter2', 'new_password=x', 'code=123456', 'token=abc', 'API_KEY=k']) {
+        for (const [method, url] of JSON_ROUTES) {
+          const res = await t.app.inject({ method, url: `${url}?${query}`, headers: { cookie }, payload: {} })
+          assert.equal(res.statusCode, 400, `${method} ${url}?${query}: ${res.body}`)
+          assert.equal(res.json().code, 'credentials_in_query', `${method} ${url}?${query}`)
+        }
+        for (const url of FORM_ROUTES) {
+          const res = await t.app.inject({ method: 'POST', url: `${url}?${query}`, headers: { cookie, origin: ORIGIN, 'content-type': 'application/x-www-form-urlencoded' }, payload: '' })
+          assert.equal(res.statusCode, 400, `POST ${url}?${query}: ${res.body}`)
+          assert.equal(res.json().code, 'credentials_in_query', `POST ${url}?${query}`)
+        }
+      }
+    })
+
+    it('does not sign in when the password is also in the query string, and signs in with it in the body alone', async () => {
+      const user = await createUser(t)
+      const refused = await t.app.inject({ method: 'POST', url: `/auth/api/login?password=${encodeURIComponent(GOOD_PASSWORD)}`, payload: { username: user.username, password: GOOD_PASSWORD } })
+      assert.equal(refused.statusCode, 400)
+      assert.equal(refused.cookies.length, 0)
+      assert.ok(!refused.body.includes(GOOD_PASSWORD.split(' ')[0]!), 'the answer does not echo the password')
+      const events = await t.app.inject({ url: `/auth/api/events?type=user.login_succeeded&target_id=${user.id}`, headers: auth(t.adminKey) })
+      assert.deepEqual(events.json(), [])
+      assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login?next=/pipelines', payload: { username: user.username, password: GOOD_PASSWORD } })).statusCode, 200)
+    })
   })
 }
 

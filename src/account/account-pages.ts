@@ -67,6 +67,8 @@ function shownError (error: unknown): AppError {
 export default async function accountPages (app: FastifyTypeBox, deps: AccountDeps): Promise<void> {
   const basePath = app.config.basePath
   const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
+  // Sign-in and password forms: a secret in the query string is refused (lib/http.ts secretsInBody).
+  const secretForm = { ...form, config: { ...form.config, secretsInBody: true } }
   const resets: PasswordResetsDeps = { ...deps, config: app.config }
   const verification: EmailVerificationDeps = { db: deps.db, passwords: deps.passwords, failures: deps.failures, config: app.config }
   const afterSignIn = app.config.loginDefaultNext ?? `${basePath}/login`
@@ -101,7 +103,7 @@ ${token !== undefined
     return send(reply, 200, page('Accept your invitation', invitationForm(holder !== undefined ? token : undefined, holder?.username)))
   })
 
-  app.post('/invitation', form, async (request, reply) => {
+  app.post('/invitation', secretForm, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const proof = proofOf(request.body)
     const token = proof !== undefined && 'token' in proof ? proof.token : undefined
@@ -138,7 +140,7 @@ ${token !== undefined
 
   app.get('/forgot-password', { schema: { hide: true } }, async (_request, reply) => send(reply, 200, page('Forgot your password?', forgotForm)))
 
-  app.post('/forgot-password', form, async (request, reply) => {
+  app.post('/forgot-password', secretForm, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const login = field(request.body, 'login', 254).trim()
     if (login === '') return send(reply, 422, page('Forgot your password?', forgotForm, { error: 'Type your username or e-mail address.' }))
@@ -171,7 +173,7 @@ ${token !== undefined
     return send(reply, 200, page('Choose a new password', resetForm(holder !== undefined ? token : undefined, holder?.username)))
   })
 
-  app.post('/reset-password', form, async (request, reply) => {
+  app.post('/reset-password', secretForm, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const proof = proofOf(request.body)
     const token = proof !== undefined && 'token' in proof ? proof.token : undefined

@@ -44,7 +44,7 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
         ...problems(400, 415, 422, 429, 503)
       }
     },
-    config: { accepts: JSON_TYPES }
+    config: { secretsInBody: true, accepts: JSON_TYPES }
   }, async (request, reply) => {
     if (request.headers.origin !== undefined) assertSameOrigin(request, app.config.trustedOrigins)
     const result = await acceptInvitation(deps, sessionContext(request), tokenProofOf(request.body), request.body.password)
@@ -66,9 +66,9 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
         'The link works for PASSWORD_RESET_LIFETIME_MINUTES (60). With PASSWORD_SIGN_IN=off: 403 `password_sign_in_disabled` for everyone.' + DOC,
       consumes: [...JSON_TYPES, 'application/x-www-form-urlencoded'],
       body: ref(PasswordResetRequest),
-      response: { 202: { ...ref(PasswordResetAccepted), description: 'Taken; mail follows if an account matched.' }, ...problems(403, 415, 422, 429, 503) }
+      response: { 202: { ...ref(PasswordResetAccepted), description: 'Taken; mail follows if an account matched.' }, ...problems(400, 403, 415, 422, 429, 503) }
     },
-    config: { accepts: [...JSON_TYPES, 'application/x-www-form-urlencoded'] },
+    config: { secretsInBody: true, accepts: [...JSON_TYPES, 'application/x-www-form-urlencoded'] },
     preValidation: coerceFormFields(PasswordResetRequest)
   }, async (request, reply) => {
     const { email, username } = request.body
@@ -105,7 +105,7 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
       body: ref(PasswordResetCompletion),
       response: { 204: { type: 'null', description: 'The password is set; sign in with it.' }, ...problems(400, 403, 415, 422, 429, 503) }
     },
-    config: { accepts: JSON_TYPES }
+    config: { secretsInBody: true, accepts: JSON_TYPES }
   }, async (request, reply) => {
     await completePasswordReset(resets, requestContext(request), tokenProofOf(request.body), request.body.new_password)
     return await reply.code(204).send(null)

@@ -825,7 +825,7 @@ export function groupsPage (ctx: ViewContext, view: GroupsListView): string {
 <section class="panel" aria-labelledby="new-group"><h2 id="new-group">Create a group</h2>
 ${errorSummary(view.errors, undefined)}
 <form method="post" action="${list}" novalidate>
-${input('display_name', 'Name', view.form.display_name, view.errors, { required: true, autocomplete: 'off', hint: '1 to 64 characters; unique exactly as written.' })}
+${input('display_name', 'Name', view.form.display_name, view.errors, { required: true, autocomplete: 'off', hint: '1 to 64 characters; unique ignoring case.' })}
 <button type="submit">Create group</button>
 </form></section>
 <form class="panel filters" method="get" action="${list}" role="search" aria-label="Find groups">

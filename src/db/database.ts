@@ -344,8 +344,9 @@ export interface MailOutboxTable {
 /** A group (migration 0012); its name is what a member's `users.groups` array holds. */
 export interface GroupsTable {
   id: string
-  /** Unique exactly as written (names were free labels, `Ops` and `ops` two of them). */
   display_name: string
+  /** The name lower-cased (groups.repository.ts groupNameKey): names are unique ignoring case (migration 0025). */
+  name_key: string
   /** A provisioning client's own id for the group (SCIM `externalId`); stored, never interpreted. */
   external_id: string | null
   version: number

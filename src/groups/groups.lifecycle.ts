@@ -65,8 +65,9 @@ function groupNotFound (id: string): AppError {
   return new AppError('group_not_found', 404, `No group has the id ${id}.`)
 }
 
-function groupExists (name: string): AppError {
-  return new AppError('group_exists', 409, `A group named ${JSON.stringify(name)} already exists.`)
+function groupExists (name: string, existing: GroupRow): AppError {
+  const spelled = existing.display_name === name ? '' : ` as ${JSON.stringify(existing.display_name)} (names are unique ignoring case)`
+  return new AppError('group_exists', 409, `A group named ${JSON.stringify(name)} already exists${spelled}.`)
 }
 
 /**
@@ -180,7 +181,8 @@ async function removeMembers (trx: Db, ctx: RequestContext, group: GroupRow, use
 
 /** Creates a group with its `group.created` event, and makes `member_ids` its members (each their `user.updated`). */
 export async function createGroupRecorded (trx: Db, ctx: RequestContext, input: NewGroup, options: Pick<GroupOptions, 'checkMember'> = {}): Promise<GroupOutcome> {
-  if (await findGroupByName(trx, input.display_name) !== undefined) throw groupExists(input.display_name)
+  const existing = await findGroupByName(trx, input.display_name)
+  if (existing !== undefined) throw groupExists(input.display_name, existing)
   // The first members are locked first, in id order, as every change of a group does.
   await lockUserRows(trx, input.member_ids ?? [])
   const now = nowIso()
@@ -202,7 +204,9 @@ export async function changeGroupRecorded (trx: Db, ctx: RequestContext, id: str
   const update: GroupRowUpdate = {}
   const diff: Record<string, { from: unknown, to: unknown }> = {}
   if (changes.display_name !== undefined && changes.display_name !== current.display_name) {
-    if (await findGroupByName(trx, changes.display_name) !== undefined) throw groupExists(changes.display_name)
+    // Itself when only the case changes (`data` to `Data`), which is a rename like any other.
+    const existing = await findGroupByName(trx, changes.display_name)
+    if (existing !== undefined && existing.id !== id) throw groupExists(changes.display_name, existing)
     update.display_name = changes.display_name
     diff.display_name = { from: current.display_name, to: changes.display_name }
   }

@@ -18,6 +18,16 @@ export interface NewGroupRow {
 /** Rows per statement: well under SQLite's and PostgreSQL's limits on bound parameters. */
 const CHUNK = 500
 
+/**
+ * What makes two group names the same name: names are unique ignoring case
+ * (`Data` and `data` are one group), in every script (JavaScript's
+ * lower-casing, not SQLite's, which folds only ASCII). Kept in `name_key`
+ * (migration 0025), which holds the unique index.
+ */
+export function groupNameKey (name: string): string {
+  return name.toLowerCase()
+}
+
 export function toGroup (row: GroupRow | NewGroupRow, memberCount: number): Group {
   return {
     id: row.id,
@@ -42,9 +52,31 @@ export async function findGroupById (db: Db, id: string, options: { lock?: 'upda
     .executeTakeFirst()
 }
 
-/** The group of exactly this name (names are unique as written). */
+/** The group of this name, ignoring case (names are unique so). */
 export async function findGroupByName (db: Db, displayName: string): Promise<GroupRow | undefined> {
-  return await db.selectFrom('groups').selectAll().where('display_name', '=', displayName).executeTakeFirst()
+  return await db.selectFrom('groups').selectAll().where('name_key', '=', groupNameKey(displayName)).executeTakeFirst()
+}
+
+/**
+ * How a user's `groups` array spells these names: a name an existing group
+ * has, ignoring case, in that group's spelling (naming `DATA` joins `data`);
+ * a name no group has as first given here. By groupNameKey. Read without
+ * locks: the memberships are found again, locked, by name_key.
+ */
+export async function storedGroupSpellings (db: Db, names: readonly string[]): Promise<Map<string, string>> {
+  const spelling = new Map<string, string>()
+  const keys = [...new Set(names.map(groupNameKey))]
+  for (let i = 0; i < keys.length; i += CHUNK) {
+    const rows = await db.selectFrom('groups').select(['name_key', 'display_name']).where('name_key', 'in', keys.slice(i, i + CHUNK)).execute()
+    for (const row of rows) spelling.set(row.name_key, row.display_name)
+  }
+  for (const name of names) if (!spelling.has(groupNameKey(name))) spelling.set(groupNameKey(name), name)
+  return spelling
+}
+
+/** A `groups` array spelled as storedGroupSpellings says, names that differ only in case given once. */
+export function spelledGroups (names: readonly string[], spelling: ReadonlyMap<string, string>): string[] {
+  return [...new Set(names.map(name => spelling.get(groupNameKey(name)) ?? name))]
 }
 
 /**
@@ -60,14 +92,14 @@ export async function findGroupByName (db: Db, displayName: string): Promise<Gro
  */
 export async function findGroupsByNames (db: Db, names: readonly string[], options: { lock?: 'key_share' | 'no_key_update', alsoIds?: readonly string[] } = {}): Promise<GroupRow[]> {
   const rows: GroupRow[] = []
-  const sorted = [...new Set(names)].sort()
+  const sorted = [...new Set(names.map(groupNameKey))].sort()
   const alsoIds = [...new Set(options.alsoIds ?? [])]
   for (let i = 0; i < Math.max(sorted.length, alsoIds.length > 0 ? 1 : 0); i += CHUNK) {
     const chunk = sorted.slice(i, i + CHUNK)
     const ids = i === 0 ? alsoIds : []
     rows.push(...await db.selectFrom('groups').selectAll()
       .where(eb => eb.or([
-        ...chunk.length > 0 ? [eb('display_name', 'in', chunk)] : [],
+        ...chunk.length > 0 ? [eb('name_key', 'in', chunk)] : [],
         ...ids.length > 0 ? [eb('id', 'in', ids)] : []
       ]))
       .$if(options.lock === 'key_share' && isPostgres(db), q => q.orderBy('id').forKeyShare())
@@ -83,7 +115,7 @@ export async function findGroupsByIds (db: Db, ids: readonly string[]): Promise<
 }
 
 export async function insertGroup (db: Db, row: NewGroupRow): Promise<GroupRow> {
-  return await db.insertInto('groups').values(row).returningAll().executeTakeFirstOrThrow()
+  return await db.insertInto('groups').values({ ...row, name_key: groupNameKey(row.display_name) }).returningAll().executeTakeFirstOrThrow()
 }
 
 /**
@@ -94,8 +126,8 @@ export async function insertGroup (db: Db, row: NewGroupRow): Promise<GroupRow> 
 export async function insertGroupsIfAbsent (db: Db, rows: NewGroupRow[]): Promise<GroupRow[]> {
   const inserted: GroupRow[] = []
   for (let i = 0; i < rows.length; i += CHUNK) {
-    inserted.push(...await db.insertInto('groups').values(rows.slice(i, i + CHUNK))
-      .onConflict(oc => oc.column('display_name').doNothing())
+    inserted.push(...await db.insertInto('groups').values(rows.slice(i, i + CHUNK).map(row => ({ ...row, name_key: groupNameKey(row.display_name) })))
+      .onConflict(oc => oc.column('name_key').doNothing())
       .returningAll().execute())
   }
   return inserted
@@ -103,7 +135,8 @@ export async function insertGroupsIfAbsent (db: Db, rows: NewGroupRow[]): Promis
 
 /** Applies a change only if the row is still at `expectedVersion`; undefined when it is not. */
 export async function updateGroup (db: Db, id: string, expectedVersion: number, changes: GroupRowUpdate): Promise<GroupRow | undefined> {
-  return await db.updateTable('groups').set(changes)
+  const keyed = changes.display_name !== undefined ? { ...changes, name_key: groupNameKey(changes.display_name as string) } : changes
+  return await db.updateTable('groups').set(keyed)
     .where('id', '=', id).where('version', '=', expectedVersion)
     .returningAll().executeTakeFirst()
 }
@@ -171,7 +204,7 @@ export async function listGroups (db: Db, filter: GroupFilter, limit: number, af
   const rows = await db.selectFrom('groups')
     .selectAll('groups')
     .select(eb => eb.selectFrom('group_members').select(eb.fn.countAll<number | string>().as('n')).whereRef('group_members.group_id', '=', 'groups.id').as('member_count'))
-    .$if(filter.display_name !== undefined, q => q.where('display_name', '=', filter.display_name!))
+    .$if(filter.display_name !== undefined, q => q.where('name_key', '=', groupNameKey(filter.display_name!)))
     .$if(filter.external_id !== undefined, q => q.where('external_id', '=', filter.external_id!))
     .$if(filter.q !== undefined, q => q.where(sql<boolean>`lower(display_name) like ${`%${escapeLike(filter.q!.toLowerCase())}%`} escape '\\'`))
     .$if(after !== undefined, q => q.where(({ eb, refTuple, tuple }) => eb(refTuple('display_name', 'id'), '>', tuple(after![0], after![1]))))

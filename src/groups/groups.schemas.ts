@@ -2,7 +2,7 @@ import { Type, type Static } from 'typebox'
 import { Nullable, Timestamp, Uuid } from '../lib/openapi.ts'
 
 /** As a member's `groups` array holds it (users.schemas.ts): the same bounds, so every group name fits there. */
-export const GroupName = Type.String({ minLength: 1, maxLength: 64, description: 'Unique exactly as written; what a member\'s `groups` array holds.', examples: ['analysts'] })
+export const GroupName = Type.String({ minLength: 1, maxLength: 64, description: 'Unique ignoring case (`Data` and `data` are one name); what a member\'s `groups` array holds, in this spelling.', examples: ['analysts'] })
 const ExternalId = Type.String({ minLength: 1, maxLength: 256, description: 'A provisioning client\'s own id for the group (SCIM `externalId`); stored, never interpreted.' })
 
 /** The most users one request adds to a group, or that a new group starts with. */
@@ -53,7 +53,7 @@ export const GROUP_SCHEMAS = [Group, GroupCreate, GroupPatch, GroupMembersChange
 export const ListGroupsQuery = Type.Object({
   limit: Type.Optional(Type.Integer({ format: 'int32', minimum: 1, maximum: 1000, default: 100, description: 'Page size; the next page is in the `Link: rel="next"` header.' })),
   cursor: Type.Optional(Type.String({ maxLength: 1024, description: 'From the `Link: rel="next"` header of the previous page.' })),
-  display_name: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'Exact name.' })),
+  display_name: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'The name, ignoring case.' })),
   q: Type.Optional(Type.String({ minLength: 1, maxLength: 64, description: 'Substring of the name, ignoring case.' })),
   external_id: Type.Optional(Type.String({ minLength: 1, maxLength: 256, description: 'Exact external id.' }))
 }, { additionalProperties: false })

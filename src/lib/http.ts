@@ -34,5 +34,13 @@ declare module 'fastify' {
      * the first answer again. Needs a `scope`: keys are kept per credential.
      */
     idempotent?: boolean
+    /**
+     * A sign-in or password operation, whose secrets travel in the body: a
+     * secret-bearing query parameter (lib/query-string.ts isSecretParam) is
+     * refused with 400 `credentials_in_query` before anything is read, so a
+     * client that put the password in the URL (which proxies and browsers
+     * keep) learns of it at once.
+     */
+    secretsInBody?: boolean
   }
 }

@@ -151,6 +151,8 @@ async function pagePrincipal (deps: SessionsDeps, request: FastifyRequest): Prom
 export default async function mfaPages (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
+  // Sign-in and password forms: a secret in the query string is refused (lib/http.ts secretsInBody).
+  const secretForm = { ...form, config: { ...form.config, secretsInBody: true } }
   // As the sign-in page decides: the web UI's start page if configured, else the signed-in page.
   const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
   const accountPath = `${basePath}/account`
@@ -164,7 +166,7 @@ export default async function mfaPages (app: FastifyTypeBox, deps: SessionsDeps)
   app.get('/assets/mfa.js', { schema: { hide: true } }, async (_request, reply) => reply.type('text/javascript; charset=utf-8').send(PAGE_SCRIPT))
   app.get('/assets/webauthn.js', { schema: { hide: true } }, async (_request, reply) => reply.type('text/javascript; charset=utf-8').send(WEBAUTHN_BUNDLE))
 
-  app.post('/login/mfa', form, async (request, reply) => {
+  app.post('/login/mfa', secretForm, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const next = sameOriginRedirect(field(request.body, 'next'))
     const token = field(request.body, 'challenge_token', 64)
@@ -205,7 +207,7 @@ ${hidden('next', next)}<input type="hidden" name="passkey" value="">
 </form>
 <p><a href="${basePath}/login">Sign in with a password instead</a></p>`, error)
 
-  app.post('/login/passkey', form, async (request, reply) => {
+  app.post('/login/passkey', secretForm, async (request, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const next = sameOriginRedirect(field(request.body, 'next'))
     try {
@@ -389,7 +391,7 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
     })
   })
 
-  app.post('/account/reauthenticate', form, async (request, reply) => {
+  app.post('/account/reauthenticate', secretForm, async (request, reply) => {
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     const password = field(request.body, 'password', 1024)
@@ -438,7 +440,7 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
     return await reply.code(303).header('Location', accountPath).send()
   })
 
-  app.post('/account/totp/confirm', form, async (request, reply) => {
+  app.post('/account/totp/confirm', secretForm, async (request, reply) => {
     const principal = await account(request, reply, true)
     if (principal === undefined) return reply
     return await orAccountPage(reply, principal, async () => {

@@ -29,9 +29,9 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
         'Every failure is the same 401 `mfa_failed`; wrong codes count against the account\'s second-factor budget (429 when spent).',
       consumes: JSON_ONLY,
       body: ref(MfaVerifyBody),
-      response: { 200: { ...ref(MfaSession), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: { 200: { ...ref(MfaSession), description: 'Signed in; the cookie is set too.' }, ...problems(400, 401, 403, 415, 422, 429, 503) }
     },
-    config: { accepts: JSON_ONLY }
+    config: { secretsInBody: true, accepts: JSON_ONLY }
   }, async (request, reply) => {
     const body = request.body
     const result = await completeSignIn(deps, sessionContext(request), body.challenge_token, {
@@ -57,9 +57,9 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       description: 'For a sign-in with `enrolment_required`: a new authenticator-app secret, as a URI and a QR code. Complete the sign-in with its first code.',
       consumes: JSON_ONLY,
       body: ref(ChallengeTokenBody),
-      response: { 200: { ...ref(TotpSetup), description: 'Scan it, then send a code to Complete Sign-in.' }, ...problems(401, 409, 415, 422) }
+      response: { 200: { ...ref(TotpSetup), description: 'Scan it, then send a code to Complete Sign-in.' }, ...problems(400, 401, 409, 415, 422) }
     },
-    config: { accepts: JSON_ONLY }
+    config: { secretsInBody: true, accepts: JSON_ONLY }
   }, async (request) => await startTotpForChallenge(deps, request.body.challenge_token))
 
   app.post('/api/login/mfa/passkey-options', {
@@ -94,9 +94,9 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
         'so the session counts as multi-factor. Every failure is the same 401 `invalid_credentials`, throttled per address like passwords.',
       consumes: JSON_ONLY,
       body: ref(PasskeyAssertionBody),
-      response: { 200: { ...ref(Session), description: 'Signed in; the cookie is set too.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: { 200: { ...ref(Session), description: 'Signed in; the cookie is set too.' }, ...problems(400, 401, 403, 415, 422, 429, 503) }
     },
-    config: { accepts: JSON_ONLY }
+    config: { secretsInBody: true, accepts: JSON_ONLY }
   }, async (request, reply) => {
     const signedIn = await passkeySignIn(deps, sessionContext(request), request.body.credential, relyingParty(request, app.config))
     setSignInCookies(request, reply, signedIn, app.config)
@@ -124,9 +124,9 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       security: SECURITY,
       consumes: JSON_ONLY,
       body: ref(ReauthBody),
-      response: { 200: { ...ref(Reauthenticated), description: 'Re-authenticated.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: { 200: { ...ref(Reauthenticated), description: 'Re-authenticated.' }, ...problems(400, 401, 403, 415, 422, 429, 503) }
     },
-    config: { ...own, accepts: JSON_ONLY }
+    config: { secretsInBody: true, ...own, accepts: JSON_ONLY }
   }, async (request) => {
     const user = sessionUser(request)
     const body = request.body
@@ -184,9 +184,9 @@ export default async function mfaRoutes (app: FastifyTypeBox, deps: SessionsDeps
       security: SECURITY,
       consumes: JSON_ONLY,
       body: ref(TotpConfirm),
-      response: { 200: { ...ref(TotpConfirmed), description: 'Enrolled.' }, ...problems(401, 403, 409, 415, 422, 429, 503) }
+      response: { 200: { ...ref(TotpConfirmed), description: 'Enrolled.' }, ...problems(400, 401, 403, 409, 415, 422, 429, 503) }
     },
-    config: { ...own, accepts: JSON_ONLY }
+    config: { secretsInBody: true, ...own, accepts: JSON_ONLY }
   }, async (request) => {
     const result = await confirmTotp(deps, requestContext(request), (await recentSessionUser(request)).id, request.body.code)
     return result.recoveryCodes !== undefined ? { recovery_codes: result.recoveryCodes } : {}

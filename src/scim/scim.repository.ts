@@ -138,7 +138,7 @@ const CORE_GROUP_URN = 'urn:ietf:params:scim:schemas:core:2.0:group:'
 /** The Group attributes a filter may name: `displayName eq` and `externalId eq` are index lookups, `members[value eq "…"]` one on group_members. */
 const GROUP_ATTRIBUTES: Record<string, Attribute> = {
   id: { kind: 'id' },
-  displayname: { kind: 'text', expression: column('display_name'), caseExact: true },
+  displayname: { kind: 'text', expression: column('name_key'), caseExact: false, folded: true },
   externalid: { kind: 'text', expression: column('external_id'), caseExact: true },
   members: { kind: 'members' },
   'members.value': { kind: 'members' },

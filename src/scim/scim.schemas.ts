@@ -156,7 +156,7 @@ export const GROUP_SCHEMA = {
   name: 'Group',
   description: 'Group',
   attributes: [
-    attribute('displayName', 'string', 'Unique as written, at most 64 characters; the name in each member\'s groups.', { required: true, caseExact: true, uniqueness: 'server' }),
+    attribute('displayName', 'string', 'Unique ignoring case, at most 64 characters; the name in each member\'s groups.', { required: true, caseExact: false, uniqueness: 'server' }),
     attribute('members', 'complex', 'The users in the group. Ids that are no user here are passed over.', {
       multiValued: true,
       subAttributes: [

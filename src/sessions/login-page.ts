@@ -74,6 +74,8 @@ function field (body: unknown, name: string): string {
 export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const hide = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }
+  // Sign-in and password forms: a secret in the query string is refused (lib/http.ts secretsInBody).
+  const secretForm = { ...hide, config: { ...hide.config, secretsInBody: true } }
 
   // Without a usable next: the web UI's start page if one is configured, else the signed-in page.
   const afterSignIn = (next: string | undefined): string => next ?? app.config.loginDefaultNext ?? `${basePath}/login`
@@ -91,7 +93,7 @@ export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps
     return sendPage(reply, 200, pageOf({ next, passwordForm, providers: await signInProviders(deps.db, app.config) }))
   })
 
-  app.post('/login', hide, async (request: FastifyRequest, reply) => {
+  app.post('/login', secretForm, async (request: FastifyRequest, reply) => {
     assertSameOrigin(request, app.config.trustedOrigins)
     const next = sameOriginRedirect(field(request.body, 'next'))
     const username = field(request.body, 'username')

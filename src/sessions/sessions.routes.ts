@@ -14,6 +14,18 @@ import {
 import { MfaChallenge } from '../mfa/mfa.schemas.ts'
 import { clearSessionCookie, sessionContext, setSignInCookies } from './cookies.ts'
 
+/**
+ * `X-Auth-Groups`: each name percent-encoded as encodeURIComponent does, then
+ * joined by `,`. A header value is Latin-1 without CR or LF, or Node refuses
+ * to write it (and the gate refuses every member): any name a client can
+ * store, `データ` or one holding a comma or a line break, reads back exactly
+ * with `split(',').map(decodeURIComponent)`. A lone surrogate (which would
+ * make encodeURIComponent throw) is written as U+FFFD, as UTF-8 stores it.
+ */
+function groupsHeader (groups: readonly string[]): string {
+  return groups.map(name => encodeURIComponent(name.replace(/\p{Surrogate}/gu, '\uFFFD'))).join(',')
+}
+
 export default async function sessionsRoutes (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const FORM_TYPES = ['application/json', 'application/x-www-form-urlencoded']
 
@@ -32,10 +44,10 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       response: {
         200: { ...ref(Session), description: 'Signed in; the cookie is set too.' },
         202: { ...ref(MfaChallenge), description: 'The password is right; a second factor is needed to finish.' },
-        ...problems(401, 403, 415, 422, 429, 503)
+        ...problems(400, 401, 403, 415, 422, 429, 503)
       }
     },
-    config: { accepts: FORM_TYPES },
+    config: { secretsInBody: true, accepts: FORM_TYPES },
     preValidation: coerceFormFields(LoginBody)
   }, async (request, reply) => {
     // A sign-in from another site's form would sign the browser into an account of the attacker's choosing.
@@ -95,9 +107,9 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
         'Ends your other sessions and revokes your API keys. Needs a session, not an API key.',
       security: SECURITY,
       body: ref(PasswordChange),
-      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(401, 403, 415, 422, 429, 503) }
+      response: { 204: { type: 'null', description: 'Changed.' }, ...problems(400, 401, 403, 415, 422, 429, 503) }
     },
-    config: { scope: 'signed_in', accepts: ['application/json'] }
+    config: { secretsInBody: true, scope: 'signed_in', accepts: ['application/json'] }
   }, async (request, reply) => {
     await changeOwnPassword(deps, request.principal!, requestContext(request), request.body.current_password, request.body.new_password)
     return await reply.code(204).send(null)
@@ -202,6 +214,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       summary: 'Verify (for a reverse proxy)',
       description: 'For nginx `auth_request` or Traefik ForwardAuth: 200 with X-Auth-User-Id, X-Auth-Username, X-Auth-Role and X-Auth-Groups ' +
         'for a valid session cookie, session token or API key; 401 otherwise. No password work happens here. ' +
+        '`X-Auth-Groups` holds each group name encoded with `encodeURIComponent`, joined by `,` (docs/nginx.md). ' +
         '`X-Auth-MFA: true` when the session\'s sign-in included a second factor or a passkey (always `false` for API keys), so the web UI can require it. ' +
         'Under MFA_REQUIRED, `X-Auth-Role` is `user` for a session without a second factor, whatever the account\'s role (docs/mfa.md).',
       security: SECURITY,
@@ -217,7 +230,7 @@ export default async function sessionsRoutes (app: FastifyTypeBox, deps: Session
       .header('X-Auth-User-Id', user?.id ?? '')
       .header('X-Auth-Username', user?.username ?? '')
       .header('X-Auth-Role', user?.role ?? (principal.scopes.has('admin') ? 'admin' : ''))
-      .header('X-Auth-Groups', user?.groups.join(',') ?? '')
+      .header('X-Auth-Groups', groupsHeader(user?.groups ?? []))
       .header('X-Auth-Credential', principal.type)
       .header('X-Auth-MFA', principal.mfa === true ? 'true' : 'false')
       .code(200).send(null)

@@ -1,29 +1,19 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import pino, { type DestinationStream, type LoggerOptions } from 'pino'
-import { isCredentialParam, queryParamName } from '../lib/query-string.ts'
+import { isSecretParam } from '../lib/query-string.ts'
 
 /**
- * Query parameters that carry a one-time secret: an OIDC provider's answer at
- * the callback (the authorisation code and the state, which together finish a
- * sign-in), the tokens an OAuth answer may carry, and the `token` of an
- * invitation, password-reset or e-mail link (docs/email.md). No other gatehouse
- * operation takes a parameter of these names, so they are redacted wherever
- * they appear.
- */
-const ONE_TIME_SECRET_PARAMS = new Set(['code', 'state', 'session_state', 'id_token', 'access_token', 'refresh_token', 'token'])
-
-/**
- * Request log lines carry the path, never a credential given in the query
- * string: `API_KEY` is matched by its decoded name, as the parser that takes
- * it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same parameter), and so
- * are the one-time secrets above.
+ * Request log lines carry the path, never a secret given in the query string
+ * (a password, `API_KEY`, a one-time code or link token; isSecretParam), on
+ * any route: the name is matched decoded and ignoring case, as the parser
+ * that takes it reads it (`API%5FKEY=` and `%41PI_KEY=` are the same
+ * parameter, and so are `Password=` and `password=`).
  */
 export function redactUrl (url: string): string {
   const start = url.indexOf('?')
   if (start === -1) return url
-  const secret = (pair: string): boolean => isCredentialParam(pair) || ONE_TIME_SECRET_PARAMS.has(queryParamName(pair).toLowerCase())
   return url.slice(0, start + 1) + url.slice(start + 1).split('&')
-    .map(pair => secret(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
+    .map(pair => isSecretParam(pair) ? `${pair.split('=', 1)[0]!}=[redacted]` : pair)
     .join('&')
 }
 

@@ -11,9 +11,12 @@ import {
   deleteMemberships,
   findGroupsByIds,
   findGroupsByNames,
+  groupNameKey,
   insertGroupsIfAbsent,
   insertMemberships,
   listGroupIdsOfUser,
+  spelledGroups,
+  storedGroupSpellings,
   touchGroups
 } from '../groups/groups.repository.ts'
 import {
@@ -151,29 +154,41 @@ function createdEventData (row: NewUserRow | PublicUserRow, scimFields: Record<s
 }
 
 /**
- * The ids of the groups of these names, making (each with a `group.created`
- * event) those that have none. A name another transaction makes first is
- * used as made there.
+ * The ids of the groups of these names, by groupNameKey (names are unique
+ * ignoring case), making (each with a `group.created` event) those that have
+ * none. A name another transaction makes first is used as made there.
  */
 async function groupIdsOf (trx: Db, ctx: RequestContext, names: readonly string[], lock: 'key_share' | 'no_key_update', alsoLockIds: readonly string[] = []): Promise<Map<string, string>> {
-  const unique = [...new Set(names)]
+  const byKey = new Map<string, string>()
+  for (const name of names) if (!byKey.has(groupNameKey(name))) byKey.set(groupNameKey(name), name)
   const ids = new Map<string, string>()
-  if (unique.length === 0 && alsoLockIds.length === 0) return ids
-  const named = new Set(unique)
-  for (const group of await findGroupsByNames(trx, unique, { lock, alsoIds: alsoLockIds })) {
-    if (named.has(group.display_name)) ids.set(group.display_name, group.id)
+  if (byKey.size === 0 && alsoLockIds.length === 0) return ids
+  for (const group of await findGroupsByNames(trx, [...byKey.values()], { lock, alsoIds: alsoLockIds })) {
+    if (byKey.has(group.name_key)) ids.set(group.name_key, group.id)
   }
-  const missing = unique.filter(name => !ids.has(name))
+  const missing = [...byKey].filter(([key]) => !ids.has(key)).map(([, name]) => name)
   if (missing.length === 0) return ids
   const now = nowIso()
   const made = await insertGroupsIfAbsent(trx, missing.map(name => ({ id: newId(), display_name: name, external_id: null, version: 1, created_at: now, updated_at: now })))
   for (const group of made) {
-    ids.set(group.display_name, group.id)
+    ids.set(group.name_key, group.id)
     await recordEvent(trx, ctx, 'group.created', { type: 'group', id: group.id }, { display_name: group.display_name, external_id: null, member_ids: [], source: 'user_groups' })
   }
-  const raced = missing.filter(name => !ids.has(name))
-  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced, { lock })) ids.set(group.display_name, group.id)
+  const raced = missing.filter(name => !ids.has(groupNameKey(name)))
+  if (raced.length > 0) for (const group of await findGroupsByNames(trx, raced, { lock })) ids.set(group.name_key, group.id)
   return ids
+}
+
+/**
+ * New users' rows with their `groups` spelled as stored (storedGroupSpellings):
+ * naming `DATA` joins the group `data`, and names new to this call that differ
+ * only in case make one group, so the user and group views agree.
+ */
+async function withStoredGroupSpellings<R extends { row: NewUserRow }> (trx: Db, rows: R[]): Promise<R[]> {
+  const names = rows.flatMap(({ row }) => toStringArray(row.groups))
+  if (names.length === 0) return rows
+  const spelling = await storedGroupSpellings(trx, names)
+  return rows.map(r => ({ ...r, row: { ...r.row, groups: JSON.stringify(spelledGroups(toStringArray(r.row.groups), spelling)) } }))
 }
 
 /** One `group.members_added` or `group.members_removed` event per group, and a new version of each group. */
@@ -210,7 +225,8 @@ async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, na
 }
 
 /** Creates one user with its `user.created` event, and their memberships. */
-export async function createUserRecorded (trx: Db, ctx: RequestContext, row: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
+export async function createUserRecorded (trx: Db, ctx: RequestContext, given: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
+  const [{ row }] = await withStoredGroupSpellings(trx, [{ row: given }]) as [{ row: NewUserRow }]
   const inserted = await insertUser(trx, row)
   await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, scimFieldsOf(row), row.password_hash !== null, extra))
   await syncMemberships(trx, ctx, inserted.id, toStringArray(row.groups), true)
@@ -218,8 +234,9 @@ export async function createUserRecorded (trx: Db, ctx: RequestContext, row: New
 }
 
 /** Creates many users (an import) with a `user.created` event each, in two statements. */
-export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: Array<{ row: NewUserRow, extra?: Record<string, unknown> }>): Promise<void> {
-  if (rows.length === 0) return
+export async function createUsersRecorded (trx: Db, ctx: RequestContext, given: Array<{ row: NewUserRow, extra?: Record<string, unknown> }>): Promise<void> {
+  if (given.length === 0) return
+  const rows = await withStoredGroupSpellings(trx, given)
   const now = nowIso()
   await insertUsers(trx, rows.map(r => r.row))
   await insertEventRows(trx, rows.map(({ row, extra }) => ({
@@ -240,7 +257,7 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, rows: A
   const byGroup = new Map<string, string[]>()
   for (const [userId, names] of namesOf) {
     for (const name of new Set(names)) {
-      const groupId = ids.get(name)!
+      const groupId = ids.get(groupNameKey(name))!
       byGroup.set(groupId, [...byGroup.get(groupId) ?? [], userId])
     }
   }
@@ -353,7 +370,8 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   if (changes.first_name !== undefined && note('first_name', changes.first_name)) update.first_name = changes.first_name
   if (changes.last_name !== undefined && note('last_name', changes.last_name)) update.last_name = changes.last_name
   if (role !== undefined && note('role', role)) update.role = role
-  if (changes.groups !== undefined && note('groups', changes.groups)) update.groups = JSON.stringify(changes.groups)
+  const groups = changes.groups !== undefined ? spelledGroups(changes.groups, await storedGroupSpellings(trx, changes.groups)) : undefined
+  if (groups !== undefined && note('groups', groups)) update.groups = JSON.stringify(groups)
   if (changes.disabled !== undefined && note('disabled', changes.disabled)) update.disabled = changes.disabled
   if (changes.password_sign_in !== undefined && note('password_sign_in', changes.password_sign_in)) update.password_sign_in = changes.password_sign_in
   const oldScim = scimFieldsOf(current)
@@ -378,7 +396,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
-  if (diff.groups !== undefined) await syncMemberships(trx, ctx, id, changes.groups!, options.recordGroupEvents ?? true)
+  if (diff.groups !== undefined) await syncMemberships(trx, ctx, id, groups!, options.recordGroupEvents ?? true)
   if (old.invitation_pending && update.invitation_pending === false) await endLiveTokens(trx, id, 'invitation', changes.password_hash !== undefined ? 'password_set' : 'revoked')
   if (update.email !== undefined) await endLiveTokens(trx, id, 'email_verification', 'replaced')
   // A reset link mailed before a new password was set must not undo it.
