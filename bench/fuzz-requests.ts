@@ -15,6 +15,7 @@
 import { createServer, request as httpRequest, Agent } from 'node:http'
 import type { AddressInfo, Socket } from 'node:net'
 import fc from 'fast-check'
+import { bodyGenerators, scimQueryGenerators } from './fuzz-generators.ts'
 
 // ---------------------------------------------------------------- settings of the server under test
 
@@ -75,7 +76,11 @@ export interface Operation {
   parameters: Parameter[]
   /** Declared request bodies by content type; empty when the operation takes none. */
   bodies: Array<{ contentType: string, schema: Schema }>
+  /** The body's named schema (`ScimPatchOp`, `InvitationAcceptance`, …), which may have a generator of its own (BODY_GENERATORS). */
+  bodySchemaName?: string
   secured: boolean
+  /** A SCIM operation: its credential is a `scim` key (security scheme ScimBearer), its errors SCIM's error body. */
+  scim?: boolean
 }
 
 /** Follows local $refs (#/components/...), so generators see plain schemas. */
@@ -110,7 +115,10 @@ export function operationsFrom (doc: Schema): Operation[] {
       const content = op.requestBody?.content ?? {}
       const bodies = Object.entries<Schema>(content).map(([contentType, media]) => ({ contentType, schema: resolve(doc, media.schema) }))
       const secured = Array.isArray(op.security) ? op.security.some((s: Schema) => Object.keys(s).length > 0) : true
-      operations.push({ method: method.toUpperCase(), template, parameters, bodies, secured })
+      const scim = Array.isArray(op.security) && op.security.some((s: Schema) => 'ScimBearer' in s)
+      const ref = Object.values<Schema>(content)[0]?.schema?.$ref
+      const bodySchemaName = typeof ref === 'string' ? ref.split('/').pop() : undefined
+      operations.push({ method: method.toUpperCase(), template, parameters, bodies, secured, ...(bodySchemaName !== undefined ? { bodySchemaName } : {}), ...(scim ? { scim } : {}) })
     }
   }
   return operations
@@ -401,7 +409,8 @@ const RAW_PATH_SEGMENTS = ['%', '%ZZ', '%00', '%ED%A0%80', '%C0%AF', '%2F', '%2e
 
 // ---------------------------------------------------------------- requests
 
-export type AuthMode = 'admin_key' | 'admin_key_query' | 'admin_key_bearer' | 'session' | 'session_bearer' | 'anonymous' | 'bogus'
+/** `admin_key*` is the SCIM key on SCIM's operations; `crossed_key` is the other door's key (the admin key on SCIM, the SCIM key elsewhere). */
+export type AuthMode = 'admin_key' | 'admin_key_query' | 'admin_key_bearer' | 'session' | 'session_bearer' | 'anonymous' | 'bogus' | 'crossed_key'
 
 /** What the generator decides; ids of live resources and credentials are filled in when it is sent. */
 export interface Recipe {
@@ -454,9 +463,15 @@ const EXTRA_HEADERS: Array<[string, fc.Arbitrary<string>]> = [
   ['range', fc.constantFrom('bytes=0-1', 'bytes=-1')]
 ]
 
+/** The share of requests that go to SCIM's operations (issue 38: at least 15 %); the others share the rest evenly. */
+export const SCIM_SHARE = 0.2
+
 export function recipeArbitrary (operations: Operation[]): fc.Arbitrary<Recipe> {
+  const scim = operations.filter(op => op.scim === true).length
+  const others = operations.length - scim
+  const scimWeight = scim === 0 || others === 0 ? 100 : Math.max(1, Math.round(100 * SCIM_SHARE * others / ((1 - SCIM_SHARE) * scim)))
   // Built once per operation: fc.chain would rebuild the body generators for every request.
-  return fc.oneof(...operations.map(operationRecipe))
+  return fc.oneof(...operations.map(op => ({ weight: op.scim === true ? scimWeight : 100, arbitrary: operationRecipe(op) })))
 }
 
 function operationRecipe (operation: Operation): fc.Arbitrary<Recipe> {
@@ -468,7 +483,11 @@ function operationRecipe (operation: Operation): fc.Arbitrary<Recipe> {
     { weight: 3, arbitrary: fc.record({ name: fc.constant(p.name), kind: fc.constant('random' as const), value: fc.oneof(fc.uuid(), anyString, fc.constantFrom(...HOSTILE_NUMBER_TEXTS)), pick: fc.constant(0) }) },
     { weight: 1, arbitrary: fc.record({ name: fc.constant(p.name), kind: fc.constant('raw' as const), value: fc.constantFrom(...RAW_PATH_SEGMENTS), pick: fc.constant(0) }) }
   )))
-  const queryArb = fc.tuple(...queryParams.map(p => fc.option(parameterText(p).map(values => values.map(v => [p.name, v] as [string, string])), { freq: 2 })))
+  const scimQuery = operation.scim === true ? scimQueryGenerators(anyString) : {}
+  const queryText = (p: Parameter): fc.Arbitrary<string[]> => scimQuery[p.name] !== undefined
+    ? fc.oneof({ weight: 3, arbitrary: scimQuery[p.name]!.map(v => [v]) }, { weight: 1, arbitrary: parameterText(p) })
+    : parameterText(p)
+  const queryArb = fc.tuple(...queryParams.map(p => fc.option(queryText(p).map(values => values.map(v => [p.name, v] as [string, string])), { freq: 2 })))
     .map(lists => lists.flatMap(list => list ?? []))
   const unknownQuery = fc.option(fc.tuple(fc.constantFrom('API_KEY', 'limit', 'foo', '__proto__', 'q[]', 'a[b]', '', 'next'), anyString).map(([k, v]) => [[k, v]] as Array<[string, string]>), { freq: 8 })
   const rawQuerySuffix = fc.oneof({ weight: 12, arbitrary: fc.constant('') }, { weight: 1, arbitrary: fc.constantFrom('&', '&&', '&=', '&%', '&limit', '&limit=', '&a=%ZZ', '&a=%ED%A0%80', '&' + 'a=1&'.repeat(2000), '#frag') })
@@ -483,7 +502,8 @@ function operationRecipe (operation: Operation): fc.Arbitrary<Recipe> {
     { weight: 12, arbitrary: fc.constant('session' as const) },
     { weight: 4, arbitrary: fc.constant('session_bearer' as const) },
     { weight: 9, arbitrary: fc.constant('anonymous' as const) },
-    { weight: 5, arbitrary: fc.constant('bogus' as const) }
+    { weight: 5, arbitrary: fc.constant('bogus' as const) },
+    { weight: 3, arbitrary: fc.constant('crossed_key' as const) }
   )
   const method = fc.oneof({ weight: 30, arbitrary: fc.constant(operation.method) }, { weight: 1, arbitrary: fc.constantFrom('GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS') })
   const ifMatch = operation.parameters.some(p => p.name.toLowerCase() === 'if-match')
@@ -502,6 +522,8 @@ function operationRecipe (operation: Operation): fc.Arbitrary<Recipe> {
   })
 }
 
+let namedBodies: Record<string, fc.Arbitrary<unknown>> | undefined
+
 function bodyArbitrary (operation: Operation): fc.Arbitrary<BodyRecipe | undefined> {
   const schema = operation.bodies[0]?.schema ?? {}
   const declared = operation.bodies.map(b => b.contentType)
@@ -516,6 +538,12 @@ function bodyArbitrary (operation: Operation): fc.Arbitrary<BodyRecipe | undefin
     { weight: 2, arbitrary: fc.constantFrom(...CONTENT_TYPES.slice(0, 8)).chain(typed) }
   ]
   if (declared.length > 0) options.push({ weight: 14, arbitrary: fc.constantFrom(...declared).chain(typed) })
+  // A generator of its own for the bodies a schema describes too loosely (fuzz-generators.ts).
+  const special = operation.bodySchemaName !== undefined ? (namedBodies ??= bodyGenerators(anyString))[operation.bodySchemaName] : undefined
+  const jsonTypes = declared.filter(type => /json/.test(type))
+  if (special !== undefined && jsonTypes.length > 0) {
+    options.push({ weight: 20, arbitrary: fc.tuple(fc.constantFrom(...jsonTypes), special).map(([contentType, value]) => ({ kind: 'json' as const, contentType, value })) })
+  }
   options.push({ weight: declared.length > 0 ? 1 : 16, arbitrary: fc.constant(undefined) })
   return fc.oneof(...options)
 }
@@ -550,22 +578,33 @@ export class LivePool {
     return list[n % list.length]
   }
 
-  /** Takes ids from a JSON answer: the resource a collection path holds, and ids named in it. */
+  /**
+   * Takes ids from a JSON answer: the resource a collection path holds, and
+   * ids named in it; and what the e-mail flows need: usernames, addresses,
+   * and the tokens and codes of links issued without SMTP.
+   */
   harvest (template: string, body: unknown): void {
-    const resource = template.match(/\/(users|api-keys|webhooks|providers|passkeys|identities|deliveries|attempts|events)(?:\/\{[a-z_]+\})?(?:\/[a-z-]+)?$/)?.[1]
+    const scim = template.match(/\/scim\/v2\/(Users|Groups)(?:\/\{id\})?$/)?.[1]
+    const resource = scim ?? (template.endsWith('/members') ? undefined : template.match(/\/(users|groups|api-keys|webhooks|providers|passkeys|identities|deliveries|attempts|events)(?:\/\{[a-z_]+\})?(?:\/[a-z-]+)?$/)?.[1])
     const idName: Record<string, string> = {
-      users: 'user_id', 'api-keys': 'key_id', webhooks: 'webhook_id', providers: 'provider_id', passkeys: 'passkey_id', identities: 'identity_id', events: 'event_id', deliveries: 'event_id', attempts: 'event_id'
+      users: 'user_id', groups: 'group_id', Users: 'user_id', Groups: 'group_id', 'api-keys': 'key_id', webhooks: 'webhook_id', providers: 'provider_id', passkeys: 'passkey_id', identities: 'identity_id', events: 'event_id', deliveries: 'event_id', attempts: 'event_id'
     }
     const visit = (value: unknown, depth: number): void => {
       if (depth > 3 || value === null || typeof value !== 'object') return
       if (Array.isArray(value)) { for (const v of value.slice(0, 50)) visit(v, depth + 1); return }
       const record = value as Record<string, unknown>
       if (resource !== undefined && idName[resource] !== undefined && typeof record.id === 'string' && !template.includes('/deliveries') && !template.includes('/attempts')) this.add(idName[resource]!, record.id)
-      for (const key of ['user_id', 'key_id', 'webhook_id', 'event_id', 'provider_id', 'identity_id', 'passkey_id', 'actor_id', 'target_id']) {
+      for (const key of ['user_id', 'key_id', 'webhook_id', 'event_id', 'provider_id', 'identity_id', 'passkey_id', 'group_id', 'actor_id', 'target_id']) {
         if (typeof record[key] === 'string') this.add(key === 'actor_id' || key === 'target_id' ? 'user_id' : key, record[key])
       }
+      for (const key of ['username', 'userName']) if (typeof record[key] === 'string') { this.add('username', record[key]); this.add('login', record[key]) }
+      if (typeof record.email === 'string') { this.add('email', record.email); this.add('login', record.email) }
+      const token = typeof record.url === 'string' ? /[?&]token=(ght_[0-9A-Za-z]{43})/.exec(record.url)?.[1] : undefined
+      if (token !== undefined) this.add('token', token)
+      if (typeof record.code === 'string' && /^[A-Z0-9]{4}-[A-Z0-9]{4}$/.test(record.code)) this.add('code', record.code)
       if (record.user !== undefined) visit(record.user, depth + 1)
-      for (const key of ['items', 'data', 'users', 'keys', 'webhooks', 'providers', 'passkeys', 'identities', 'events', 'deliveries']) {
+      if (record.invitation !== undefined) visit(record.invitation, depth + 1)
+      for (const key of ['items', 'data', 'users', 'keys', 'webhooks', 'providers', 'passkeys', 'identities', 'events', 'deliveries', 'Resources']) {
         if (Array.isArray(record[key])) visit(record[key], depth + 1)
       }
     }
@@ -601,6 +640,32 @@ type Sending = (Answer | { clientError: string }) & { socket?: Socket }
 export interface Credentials {
   adminKey: string
   sessionToken: string | undefined
+  /** A key with the `scim` scope: SCIM's operations take it and nothing else. */
+  scimKey?: string
+}
+
+/** Which pool fills a path parameter: SCIM names every resource's `{id}` alike. */
+function poolNameOf (template: string, parameter: string): string {
+  const scim = /\/scim\/v2\/(Users|Groups|ResourceTypes|Schemas)\/\{/.exec(template)?.[1]
+  if (scim === undefined) return parameter
+  return { Users: 'user_id', Groups: 'group_id', ResourceTypes: 'scim_resource_type', Schemas: 'scim_schema' }[scim]!
+}
+
+/** What a `{{live:<pool>:<n>}}` placeholder becomes when its pool is still empty. */
+const LIVE_FALLBACK: Record<string, string> = {
+  user_id: '00000000-0000-7000-8000-000000000000',
+  group_id: '00000000-0000-7000-8000-000000000000',
+  token: 'ght_' + 'A'.repeat(43),
+  code: 'AAAA-AAAA',
+  username: 'nobody',
+  email: 'nobody@example.com',
+  login: 'nobody'
+}
+
+/** Fills in the `{{live:<pool>:<n>}}` placeholders of the generators (fuzz-generators.ts) from the pool. */
+export function fillLive (text: string, pool: LivePool): string {
+  if (!text.includes('{{live:')) return text
+  return text.replace(/\{\{live:([a-z_]+):(\d+)\}\}/g, (_m, name: string, n: string) => pool.pick(name, Number(n)) ?? LIVE_FALLBACK[name] ?? '')
 }
 
 /** Turns a recipe into the bytes of a request, with live ids and credentials. */
@@ -609,7 +674,7 @@ export function materialize (recipe: Recipe, pool: LivePool, target: Target, cre
   for (const segment of recipe.path) {
     let value: string
     if (segment.kind === 'live') {
-      const live = pool.pick(segment.name, segment.pick)
+      const live = pool.pick(poolNameOf(recipe.operation.template, segment.name), segment.pick)
       value = live !== undefined ? percentEncode(live) : '00000000-0000-7000-8000-000000000000'
     } else if (segment.kind === 'raw') {
       value = segment.value
@@ -619,14 +684,18 @@ export function materialize (recipe: Recipe, pool: LivePool, target: Target, cre
     path = path.replace(`{${segment.name}}`, value)
   }
   const resourcePath = path
-  const query: string[] = recipe.query.map(([k, v]) => `${percentEncode(k)}=${percentEncode(v)}`)
+  const query: string[] = recipe.query.map(([k, v]) => `${percentEncode(k)}=${percentEncode(fillLive(v, pool))}`)
   const headers: Record<string, string> = {}
   for (const [name, value] of recipe.headers) headers[name] = headerText(value)
   const origin = `http://${target.host}:${target.port}`
+  // SCIM's operations take the SCIM key where the others take the admin key.
+  const scimKey = credentials.scimKey ?? credentials.adminKey
+  const key = recipe.operation.scim === true ? scimKey : credentials.adminKey
   switch (recipe.auth) {
-    case 'admin_key': headers['x-api-key'] = credentials.adminKey; break
-    case 'admin_key_bearer': headers.authorization = `Bearer ${credentials.adminKey}`; break
-    case 'admin_key_query': query.push(`API_KEY=${percentEncode(credentials.adminKey)}`); break
+    case 'admin_key': headers['x-api-key'] = key; break
+    case 'admin_key_bearer': headers.authorization = `Bearer ${key}`; break
+    case 'admin_key_query': query.push(`API_KEY=${percentEncode(key)}`); break
+    case 'crossed_key': headers.authorization = `Bearer ${recipe.operation.scim === true ? credentials.adminKey : scimKey}`; break
     case 'session':
       if (credentials.sessionToken !== undefined) {
         headers.cookie = `gatehouse_session=${credentials.sessionToken}`
@@ -651,7 +720,7 @@ export function materialize (recipe: Recipe, pool: LivePool, target: Target, cre
       body = Buffer.from(b.text, 'utf8')
       if (b.contentType !== undefined) headers['content-type'] = headerText(b.contentType)
     } else if (b.kind === 'json') {
-      body = Buffer.from(JSON.stringify(b.value) ?? '', 'utf8')
+      body = Buffer.from(fillLive(JSON.stringify(b.value) ?? '', pool), 'utf8')
       headers['content-type'] = headerText(b.contentType)
     } else if (b.kind === 'form') {
       body = Buffer.from(formEncode(b.value), 'latin1')
@@ -760,6 +829,8 @@ export function problemDefect (answer: Answer, method: string, template: string,
   const type = String(answer.headers['content-type'] ?? '')
   // Refused by Node's HTTP parser before the request line was read (src/errors.ts, answerClientError): it may have been HEAD, so no body, by design.
   if (answer.body === '' && type === '' && answer.headers.connection === 'close' && [400, 408, 431].includes(answer.status)) return undefined
+  // On SCIM, SCIM's error body; but what is refused before routing is a problem, as everywhere (the 4XX of SCIM's operations).
+  if (template.startsWith(`${basePath}/scim/v2/`) && !(type.startsWith('application/problem+json') && refusedBeforeRouting(answer.body))) return scimErrorDefect(answer, type)
   // Server-rendered pages answer people with HTML; the API answers problem+json.
   const isPage = !template.startsWith(`${basePath}/api/`) && !template.startsWith(`${basePath}/users`)
   if (isPage && type.startsWith('text/html')) return undefined
@@ -774,6 +845,37 @@ export function problemDefect (answer: Answer, method: string, template: string,
   if (body.status !== answer.status) return `body status ${String(body.status)} differs from ${answer.status}`
   for (const field of ['type', 'title', 'detail', 'code']) if (typeof body[field] !== 'string') return `no ${field}`
   if (!/^[a-z][a-z0-9_]*$/.test(body.code)) return `code ${String(body.code)} is not snake_case`
+  return undefined
+}
+
+/** A problem of the framework's error handlers (src/errors.ts): a URL that cannot be decoded, a path segment too long, headers too large, not HTTP. */
+function refusedBeforeRouting (text: string): boolean {
+  try {
+    const body = JSON.parse(text)
+    return ['headers_too_large', 'request_timeout', 'malformed_request'].includes(body.code) ||
+      (body.code === 'route_not_found' && body.detail === 'The URL could not be decoded.') ||
+      (body.code === 'validation_failed' && body.errors?.[0]?.detail === 'a path parameter is longer than this service accepts')
+  } catch {
+    return false
+  }
+}
+
+const SCIM_ERROR_TYPES = new Set(['invalidFilter', 'tooMany', 'uniqueness', 'mutability', 'invalidSyntax', 'invalidPath', 'noTarget', 'invalidValue', 'invalidVers', 'sensitive'])
+
+/** What is wrong with an error of a SCIM operation that is not SCIM's error body (RFC 7644 §3.12) in application/scim+json. */
+function scimErrorDefect (answer: Answer, type: string): string | undefined {
+  if (!type.startsWith('application/scim+json')) return `SCIM error with content-type ${type === '' ? '(none)' : type}`
+  let body: any
+  try {
+    body = JSON.parse(answer.body)
+  } catch {
+    return 'SCIM error body is not JSON'
+  }
+  if (body === null || typeof body !== 'object') return 'SCIM error body is not an object'
+  if (!Array.isArray(body.schemas) || body.schemas[0] !== 'urn:ietf:params:scim:api:messages:2.0:Error') return 'SCIM error without the Error schema'
+  if (body.status !== String(answer.status)) return `SCIM error status ${JSON.stringify(body.status)} is not "${answer.status}"`
+  if (typeof body.detail !== 'string') return 'SCIM error without detail'
+  if (body.scimType !== undefined && !SCIM_ERROR_TYPES.has(body.scimType)) return `SCIM error with scimType ${String(body.scimType)}`
   return undefined
 }
 
@@ -798,6 +900,8 @@ export interface Finding {
 
 export interface RunResult {
   sent: number
+  /** Of `sent`, those to SCIM's operations. */
+  scimSent: number
   notSent: number
   statuses: Map<number, number>
   findings: Map<string, Finding & { count: number }>
@@ -885,25 +989,52 @@ async function startIssuer (): Promise<{ url: string, close: () => Promise<void>
   }
 }
 
-/** Real resources, so that ids in paths hit existing objects: users, API keys, webhooks, an OIDC provider. */
-async function seedResources (target: Target, pool: LivePool, round: number, issuer: string): Promise<void> {
+/**
+ * Real resources, so that ids in paths hit existing objects: users (one
+ * invited, so that its invitation's token and code are live), a password
+ * reset link, API keys, webhooks, an OIDC provider, and SCIM users (with the
+ * enterprise extension and a manager) and a group with members.
+ */
+async function seedResources (target: Target, pool: LivePool, round: number, issuer: string, credentials: Credentials): Promise<void> {
   const admin = { 'x-api-key': target.adminKey }
+  const scim = { authorization: `Bearer ${credentials.scimKey ?? ''}` }
   const tag = `${round}_${Math.random().toString(36).slice(2, 8)}`
-  const calls: Array<[string, string, unknown]> = [
-    ['POST', '/api/users', { username: `fuzz_user_${tag}`, email: `fuzz_${tag}@example.com`, password: FUZZ_ADMIN_PASSWORD, first_name: 'Fuzz', groups: ['fuzzers'] }],
-    ['POST', '/api/api-keys', { name: `fuzz key ${tag}` }],
-    ['POST', '/api/webhooks', { url: 'http://127.0.0.1:9/hook', events: ['user.created'] }],
-    ['POST', '/api/sso/providers', { id: `fuzz${tag.replace(/_/g, '')}`.slice(0, 30), display_name: 'Fuzz OP', issuer, client_id: 'fuzz' }]
+  const someUser = (): string => pool.pick('user_id', round + 1) ?? LIVE_FALLBACK.user_id!
+  const calls: Array<[string, () => string, unknown, Record<string, string>]> = [
+    ['POST', () => '/api/users', { username: `fuzz_user_${tag}`, email: `fuzz_${tag}@example.com`, password: FUZZ_ADMIN_PASSWORD, first_name: 'Fuzz', groups: ['fuzzers'] }, admin],
+    ['POST', () => '/api/users', { username: `fuzz_invited_${tag}`, email: `fuzz_invited_${tag}@example.com`, invite: true }, admin],
+    ['POST', () => `/api/users/${someUser()}/password-reset`, {}, admin],
+    ['POST', () => '/api/api-keys', { name: `fuzz key ${tag}` }, admin],
+    ['POST', () => '/api/webhooks', { url: 'http://127.0.0.1:9/hook', events: ['user.created'] }, admin],
+    ['POST', () => '/api/sso/providers', { id: `fuzz${tag.replace(/_/g, '')}`.slice(0, 30), display_name: 'Fuzz OP', issuer, client_id: 'fuzz' }, admin],
+    // SCIM users are deleted often by the run itself: three each round, so that SCIM's ids are mostly live.
+    ...[0, 1, 2].map((n): [string, () => string, unknown, Record<string, string>] => ['POST', () => '/scim/v2/Users', {
+      schemas: ['urn:ietf:params:scim:schemas:core:2.0:User', 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User'],
+      userName: `fuzz_scim_${tag}_${n}`,
+      externalId: `ext-${tag}-${n}`,
+      name: { givenName: 'Fuzz', familyName: 'Scim' },
+      emails: [{ value: `fuzz_scim_${tag}_${n}@example.com`, type: 'work', primary: true }],
+      'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User': { department: 'Fuzzing', employeeNumber: `${tag}-${n}`, manager: { value: someUser() } }
+    }, scim]),
+    ['POST', () => '/scim/v2/Groups', { displayName: `fuzz scim ${tag}`, members: [{ value: someUser() }] }, scim]
   ]
-  for (const [method, path, body] of calls) {
+  for (const [method, path, body, headers] of calls) {
     try {
-      const res = await jsonCall(target, method, path, admin, body)
-      if (res.status < 300) pool.harvest(`${target.basePath}${path}`, res.body)
+      const res = await jsonCall(target, method, path(), headers, body)
+      if (res.status < 300) pool.harvest(`${target.basePath}${path().replace(/\/[0-9a-f-]{36}\//, '/{user_id}/')}`, res.body)
     } catch {
       // Seeding is best effort; the fuzz itself reports what breaks.
     }
   }
-  for (const path of ['/api/users?limit=50', '/api/api-keys', '/api/webhooks', '/api/sso/providers', '/api/events?limit=50']) {
+  for (const path of ['/scim/v2/Users?count=50', '/scim/v2/Groups?count=50']) {
+    try {
+      const res = await jsonCall(target, 'GET', path, scim)
+      if (res.status === 200) pool.harvest(`${target.basePath}${path.split('?')[0]}`, res.body)
+    } catch {
+      // as above
+    }
+  }
+  for (const path of ['/api/users?limit=50', '/api/groups', '/api/api-keys', '/api/webhooks', '/api/sso/providers', '/api/events?limit=50']) {
     try {
       const res = await jsonCall(target, 'GET', path, admin)
       if (res.status === 200) pool.harvest(`${target.basePath}${path.split('?')[0]}`, res.body)
@@ -927,11 +1058,16 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
   const keys = await jsonCall(target, 'GET', '/api/api-keys', { 'x-api-key': target.adminKey })
   // Every key existing before the run is the fuzzer's own: revoking or rotating it would end the run.
   for (const key of Array.isArray(keys.body?.items) ? keys.body.items : Array.isArray(keys.body) ? keys.body : []) if (typeof key?.id === 'string') pool.protectedIds.add(key.id)
+  const scimKey = await jsonCall(target, 'POST', '/api/api-keys', { 'x-api-key': target.adminKey }, { name: 'fuzz scim', scopes: ['scim'] })
+  if (typeof scimKey.body?.id === 'string') pool.protectedIds.add(scimKey.body.id)
+  for (const type of ['User', 'Group']) pool.add('scim_resource_type', type)
+  for (const urn of ['urn:ietf:params:scim:schemas:core:2.0:User', 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User', 'urn:ietf:params:scim:schemas:core:2.0:Group']) pool.add('scim_schema', urn)
   const issuer = await startIssuer()
-  await seedResources(target, pool, 0, issuer.url)
-  const credentials: Credentials = { adminKey: target.adminKey, sessionToken: await newSession(target, pool, 0) }
+  const credentials: Credentials = { adminKey: target.adminKey, sessionToken: undefined, ...(typeof scimKey.body?.key === 'string' ? { scimKey: scimKey.body.key } : {}) }
+  await seedResources(target, pool, 0, issuer.url, credentials)
+  credentials.sessionToken = await newSession(target, pool, 0)
   const agent = new Agent({ keepAlive: true, maxSockets: concurrency })
-  const result: RunResult = { sent: 0, notSent: 0, statuses: new Map(), findings: new Map(), serverDied: false, stoppedByTime: false }
+  const result: RunResult = { sent: 0, scimSent: 0, notSent: 0, statuses: new Map(), findings: new Map(), serverDied: false, stoppedByTime: false }
   const deadline = Date.now() + timeLimitMs
   let next = 0
   let sessions = 1
@@ -956,7 +1092,7 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
       if (options.isServerAlive !== undefined && !options.isServerAlive()) { result.serverDied = true; return }
       const index = next++
       if (index >= requests) return
-      if (index > 0 && index % 2000 === 0) await seedResources(target, pool, index, issuer.url)
+      if (index > 0 && index % 2000 === 0) await seedResources(target, pool, index, issuer.url, credentials)
       const recipe = recipeAt(arbitrary, seed, index)
       const { sent, resourcePath } = materialize(recipe, pool, target, credentials)
       const requestId = `fz-${seed}-${index}`
@@ -969,6 +1105,7 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
       if ('clientError' in answer) {
         if (answer.clientError.startsWith('not sent')) { result.notSent += 1; continue }
         result.sent += 1
+        if (recipe.operation.scim === true) result.scimSent += 1
         // The server answers an oversized body (413) and closes before the client has written it all: the write fails, as it should.
         if (/EPIPE|ECONNRESET/.test(answer.clientError) && (sent.body?.length ?? 0) > OVERSIZED_BODY) { result.statuses.set(-1, (result.statuses.get(-1) ?? 0) + 1); continue }
         if (options.isServerAlive !== undefined && !options.isServerAlive()) { result.serverDied = true }
@@ -980,6 +1117,7 @@ export async function runFuzz (options: RunOptions): Promise<RunResult> {
         note({ kind: 'no_answer', status: 408, method: sent.method, template: recipe.operation.template, detail: '408 to a request sent whole: the connection had stopped reading', index, curl: toCurl(target, sent), body: previous, requestId })
       }
       result.sent += 1
+      if (recipe.operation.scim === true) result.scimSent += 1
       result.statuses.set(answer.status, (result.statuses.get(answer.status) ?? 0) + 1)
       const answeredId = String(answer.headers['x-request-id'] ?? requestId)
       if (answer.status === 503 && /identity provider cannot be reached/.test(answer.body)) {

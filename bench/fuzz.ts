@@ -3,7 +3,8 @@
  * checkout) on a free loopback port with a fresh database, sends generated
  * requests for every operation of its OpenAPI document and its pages
  * (bench/fuzz-requests.ts), and prints the status histogram and each distinct
- * 5xx with a curl that reproduces it and the server's error log line. Exits 1
+ * 5xx with a curl that reproduces it and the server's error log line, and
+ * the share of requests that went to SCIM (SCIM_SHARE). Exits 1
  * when any request got a 5xx, an error answer was not problem+json, or the
  * server died.
  *
@@ -88,6 +89,7 @@ async function main (): Promise<void> {
     console.log(`\nfuzz: ${fmt(result.sent)} requests sent in ${fmt(seconds, 1)} s (${fmt(result.sent / seconds)}/s)` +
       `${result.notSent > 0 ? `; ${fmt(result.notSent)} generated requests Node's HTTP client refused to send` : ''}` +
       `${result.stoppedByTime ? '; stopped by FUZZ_TIME_LIMIT_S' : ''}`)
+    console.log(`fuzz: ${fmt(result.scimSent)} of them to SCIM (${fmt(100 * result.scimSent / Math.max(1, result.sent), 1)} %)`)
     console.log('status histogram:')
     for (const [status, count] of [...result.statuses].sort((a, b) => a[0] - b[0])) {
       console.log(status === -1 ? `  (oversized body cut off by the server, EPIPE/ECONNRESET while sending)  ${fmt(count)}` : `  ${status}  ${fmt(count)}`)
@@ -125,9 +127,9 @@ async function main (): Promise<void> {
       for (const f of dependencyDown) console.log(`- ${f.method} ${f.template}: ${fmt(f.count)}x`)
     }
     if (serverDied) console.log(`\nTHE SERVER DIED. Its stderr:\n${tail(server.stderrPath, 40)}`)
-    console.log('\n(The curls use $ADMIN_KEY and $SESSION: an admin API key and a session token of the server you repeat them against.)')
+    console.log('\n(The curls use $ADMIN_KEY and $SESSION: an admin API key (for SCIM\'s operations, a key with the scim scope) and a session token of the server you repeat them against.)')
     const failed = fivexx.length > 0 || notProblem.length > 0 || noAnswer.length > 0 || serverDied
-    console.log(`fuzz: ${failed ? 'FAILED' : 'passed'}: ${fmt(fivexx.reduce((n, f) => n + f.count, 0))} 5xx, seed ${seed}`)
+    console.log(`fuzz: ${failed ? 'FAILED' : 'passed'}: ${fmt(fivexx.reduce((n, f) => n + f.count, 0))} 5xx, ${fmt(result.scimSent)} of ${fmt(result.sent)} requests to SCIM, ${serverDied ? 'the server died' : 'the server stayed up'}, seed ${seed}`)
     process.exitCode = failed ? 1 : 0
   } finally {
     if (schema !== undefined) schemaToDrop = { url: databaseUrl, schema }

@@ -84,6 +84,7 @@ import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
 import scimRoutes, { canonicalScimUrl } from './scim/scim.routes.ts'
+import { SCIM_SCHEMAS, SCIM_SECURITY_SCHEME } from './scim/scim.schemas.ts'
 
 export interface BuildOptions {
   config: Config
@@ -124,7 +125,7 @@ const serializerSelector = SerializerSelector()
 const buildSerializers: typeof serializerSelector = (externalSchemas, options) => {
   return (route) => lazySerializer(() => serializerSelector(referencedSchemas(route.schema, (externalSchemas ?? {}) as Record<string, unknown>), options)(route))
 }
-const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS, DatabaseRoleChange]
+const SHARED_SCHEMAS = [Problem, User, UserCreate, UserPatch, Invitation, UserCreated, ApiKey, ApiKeyCreate, ApiKeyWithSecret, Event, LoginBody, Session, PasswordChange, SessionSummary, SessionsEnded, ...MFA_SCHEMAS, ...SSO_SCHEMAS, ...ACCOUNT_SCHEMAS, ...GROUP_SCHEMAS, DatabaseRoleChange, ...SCIM_SCHEMAS]
 
 export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> {
   const { config } = options
@@ -487,6 +488,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
         { name: 'api-keys', description: 'Revocable API keys.' },
         { name: 'events', description: 'The record of every change.' },
         { name: 'webhooks', description: 'Endpoints that receive events, signed per Standard Webhooks; their deliveries and attempts.' },
+        { name: 'scim', description: 'SCIM 2.0 provisioning (RFC 7643, RFC 7644) for identity providers, at `/auth/scim/v2` (docs/scim.md): `application/scim+json`, SCIM\'s error bodies, and only an API key with the `scim` scope (`ScimBearer`).' },
         { name: 'system', description: 'Version, health and readiness.' },
         { name: 'legacy', description: 'Release 3.6.1 paths: same operations, deprecated.' }
       ],
@@ -494,7 +496,8 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
         securitySchemes: {
           ApiKeyQuery: { type: 'apiKey', in: 'query', name: 'API_KEY', description: 'The main API\'s form, for API keys only (a session token is refused here); can be switched off.' },
           ApiKeyHeader: { type: 'apiKey', in: 'header', name: 'X-API-Key', description: 'An API key, or a session token.' },
-          Bearer: { type: 'http', scheme: 'bearer', description: 'An API key, or a session token, as a bearer token.' }
+          Bearer: { type: 'http', scheme: 'bearer', description: 'An API key, or a session token, as a bearer token.' },
+          ScimBearer: SCIM_SECURITY_SCHEME
         }
       }
     },

@@ -184,7 +184,7 @@ for (const dialect of dialects()) {
           assert.equal(response.content['application/problem+json'].schema.$ref, '#/components/schemas/Problem', `${op.operationId} ${status}`)
         }
       }
-      assert.deepEqual(Object.keys(doc.components.securitySchemes).sort(), ['ApiKeyHeader', 'ApiKeyQuery', 'Bearer'])
+      assert.deepEqual(Object.keys(doc.components.securitySchemes).sort(), ['ApiKeyHeader', 'ApiKeyQuery', 'Bearer', 'ScimBearer'])
     })
 
     it('serves Swagger UI at /auth/docs from local files', async () => {

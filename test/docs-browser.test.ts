@@ -7,7 +7,7 @@ import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './help
 // The docs page is the subject here, not the database: SQLite is enough.
 const dialect = dialects()[0]!
 
-test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
+test(`docs page in a real browser: deep link, the SCIM section, Authorize, Try it out (${dialect.name})`, { timeout: 60_000 }, async (t) => {
   if (browserSkipped(t)) return
 
   const { app, adminKey } = await createTestApp(dialect)
@@ -37,11 +37,15 @@ test(`docs page in a real browser: deep link, Authorize, Try it out (${dialect.n
     await page.locator('#operations-default-create_user_users_post.is-open').waitFor({ state: 'visible' })
     assert.ok(await createOp.locator('.opblock-body').isVisible(), 'the deep-linked Create User operation is expanded')
 
+    // SCIM has its own section, with its operations.
+    await page.locator('#operations-tag-scim').waitFor({ state: 'visible' })
+    assert.equal(await page.locator('#operations-scim-scim_patch_user').count(), 1, 'the scim tag lists Patch User (SCIM)')
+
     // Authorize with the admin key, sent as X-API-Key.
     await page.locator('.auth-wrapper button.authorize').click()
     const dialog = page.locator('.dialog-ux .modal-ux')
     await dialog.waitFor({ state: 'visible' })
-    for (const scheme of ['ApiKeyQuery', 'ApiKeyHeader', 'Bearer']) {
+    for (const scheme of ['ApiKeyQuery', 'ApiKeyHeader', 'Bearer', 'ScimBearer']) {
       assert.equal(await dialog.locator('.auth-container', { hasText: scheme }).count(), 1, `the dialog offers ${scheme}`)
     }
     const headerScheme = dialog.locator('.auth-container', { hasText: 'ApiKeyHeader' })

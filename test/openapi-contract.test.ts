@@ -3,6 +3,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { describe, it } from 'node:test'
+import { Ajv } from 'ajv'
+import addFormats from 'ajv-formats'
 import openapiTS, { astToString, type OpenAPI3 } from 'openapi-typescript'
 import ts from 'typescript'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
@@ -83,12 +85,18 @@ describe('the OpenAPI document as a typed client sees it', () => {
     assert.equal(undeclared.length, 1, undeclared.join('\n'))
   })
 
-  it('declares every error as application/problem+json, and the 429 with Retry-After and the RateLimit headers', async () => {
+  it('declares every error as application/problem+json (SCIM\'s as SCIM\'s error body), and the 429 with Retry-After and the RateLimit headers', async () => {
     const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
     for (const op of operations(document).values()) {
       for (const [status, response] of Object.entries<Doc>(op.responses)) {
         // Readiness answers 503 with its own Health body, for load balancers.
         if (!/^[45]/.test(status) || (op.operationId === 'readyz' && status === '503')) continue
+        if (op.tags.includes('scim')) {
+          // What is refused before routing (any other 4xx) is a problem on SCIM's paths too.
+          assert.deepEqual(Object.keys(response.content), status === '4XX' ? ['application/scim+json', 'application/problem+json'] : ['application/scim+json'], `${op.operationId} ${status}`)
+          assert.equal(response.content['application/scim+json'].schema.$ref, '#/components/schemas/ScimError')
+          continue
+        }
         assert.deepEqual(Object.keys(response.content), ['application/problem+json'], `${op.operationId} ${status}`)
         assert.equal(response.content['application/problem+json'].schema.$ref, '#/components/schemas/Problem')
       }
@@ -99,6 +107,29 @@ describe('the OpenAPI document as a typed client sees it', () => {
     // Probes are never throttled, so they document no 429.
     assert.equal(operations(document).get('healthz')!.responses['429'], undefined)
     assert.deepEqual(document.servers.map((s: Doc) => s.url), ['/'])
+  })
+
+  it('publishes SCIM under its own tag: every /scim/v2 operation, application/scim+json both ways, and the ScimBearer scheme only', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    assert.ok(document.tags.some((tag: Doc) => tag.name === 'scim'))
+    assert.deepEqual(document.components.securitySchemes.ScimBearer, { type: 'http', scheme: 'bearer', description: document.components.securitySchemes.ScimBearer.description })
+    const scim = [...operations(document).values()].filter(op => op.tags.includes('scim'))
+    const paths = Object.entries<Doc>(document.paths).filter(([path]) => path.startsWith('/auth/scim/v2/'))
+    assert.equal(scim.length, paths.reduce((n, [, item]) => n + Object.keys(item).length, 0), 'every operation under /auth/scim/v2 is tagged scim')
+    assert.deepEqual(paths.map(([path]) => path).sort(), ['Groups', 'Groups/{id}', 'ResourceTypes', 'ResourceTypes/{id}', 'Schemas', 'Schemas/{id}', 'ServiceProviderConfig', 'Users', 'Users/{id}', 'serviceConfiguration'].map(p => `/auth/scim/v2/${p}`))
+    assert.equal(scim.length, 18)
+    for (const op of scim) {
+      assert.deepEqual(op.security, [{ ScimBearer: [] }], op.operationId)
+      assert.ok(op.responses['401'] && op.responses['403'], `${op.operationId} documents 401 and 403`)
+      if (op.requestBody !== undefined) assert.deepEqual(Object.keys(op.requestBody.content), ['application/scim+json', 'application/json'], op.operationId)
+      for (const [status, response] of Object.entries<Doc>(op.responses)) {
+        if (/^2/.test(status) && response.content !== undefined) assert.deepEqual(Object.keys(response.content), ['application/scim+json'], `${op.operationId} ${status}`)
+      }
+    }
+    // And no other operation takes the SCIM key.
+    for (const op of operations(document).values()) if (!op.tags.includes('scim')) assert.ok(!(op.security ?? []).some((s: Doc) => 'ScimBearer' in s), op.operationId)
+    assert.deepEqual(Object.keys(document.components.schemas.ScimError.properties), ['schemas', 'status', 'scimType', 'detail'])
+    assert.equal(document.components.schemas.ScimError.properties.status.type, 'string')
   })
 
   it('says that form bodies repeat a field for each group, and offers an ordinary enabled user without a password as the Create User example', async () => {
@@ -158,6 +189,84 @@ for (const dialect of dialects()) {
       const unauthenticated = await t.app.inject({ url: '/auth/api/users' })
       expectDocumented('list_users_users_get', unauthenticated)
       assert.match(unauthenticated.headers['content-type'] as string, /^application\/problem\+json/)
+    })
+
+    it('SCIM answers (users, groups, discovery, errors) validate against the document, with the headers it marks required', async () => {
+      const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+      const ops = operations(document)
+      const ajv = new Ajv({ strict: false, allErrors: true })
+      addFormats.default(ajv)
+      ajv.addSchema({ $id: 'openapi.json', components: document.components })
+      const created = await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: uniqueName('scim'), scopes: ['scim'] } })
+      assert.equal(created.statusCode, 201, created.body)
+      const scim = { authorization: `Bearer ${created.json().key as string}`, 'content-type': 'application/scim+json' }
+      let checked = 0
+      const expectValid = async (operationId: string, request: { method?: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE', url: string, payload?: unknown }, status: number): Promise<Doc> => {
+        const res = await t.app.inject({ method: request.method ?? 'GET', url: `/auth/scim/v2${request.url}`, headers: scim, ...(request.payload !== undefined ? { payload: JSON.stringify(request.payload) } : {}) })
+        assert.equal(res.statusCode, status, `${operationId}: ${res.body}`)
+        const declared = ops.get(operationId)!.responses[String(status)]
+        assert.ok(declared, `${operationId} documents ${status}`)
+        for (const [name, header] of Object.entries(headersOf(document, declared))) {
+          if (header.required !== true) continue
+          const value = res.headers[name.toLowerCase()]
+          assert.equal(typeof value, 'string', `${operationId} ${status} sends ${name}`)
+          if (typeof header.schema.pattern === 'string') assert.match(value as string, new RegExp(header.schema.pattern), `${operationId} ${status} ${name}`)
+        }
+        if (declared.content === undefined) return {}
+        assert.match(String(res.headers['content-type']), /^application\/scim\+json/)
+        const validate = ajv.compile({ $ref: `openapi.json${declared.content['application/scim+json'].schema.$ref as string}` })
+        const body = res.json() as Doc
+        assert.ok(validate(body), `${operationId} ${status}: ${ajv.errorsText(validate.errors)}\n${res.body}`)
+        checked++
+        return body
+      }
+      const enterprise = 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User'
+      const manager = await expectValid('scim_create_user', { method: 'POST', url: '/Users', payload: { userName: uniqueName('mgr'), displayName: 'The Manager' } }, 201)
+      const user = await expectValid('scim_create_user', {
+        method: 'POST',
+        url: '/Users',
+        payload: {
+          schemas: ['urn:ietf:params:scim:schemas:core:2.0:User', enterprise],
+          userName: uniqueName('scim'),
+          externalId: 'ext-1',
+          name: { givenName: 'Ada', familyName: 'Lovelace', formatted: 'Ada Lovelace' },
+          displayName: 'Ada',
+          active: 'True',
+          emails: [{ value: `${uniqueName('ada')}@example.com`, type: 'work', primary: true }, { value: 'ada@home.example', type: 'home' }],
+          [enterprise]: { employeeNumber: '7', costCenter: 'c', organization: 'o', division: 'd', department: 'Research', manager: { value: manager.id } }
+        }
+      }, 201)
+      assert.equal(user[enterprise].manager.displayName, 'The Manager')
+      const group = await expectValid('scim_create_group', { method: 'POST', url: '/Groups', payload: { displayName: uniqueName('scim group'), externalId: 'g-1', members: [{ value: user.id }] } }, 201)
+      await expectValid('scim_get_user', { url: `/Users/${user.id as string}` }, 200)
+      await expectValid('scim_get_user', { url: `/Users/${user.id as string}?attributes=userName,emails[type eq "work"]` }, 200)
+      await expectValid('scim_list_users', { url: `/Users?filter=${encodeURIComponent(`${enterprise}:department eq "Research"`)}&sortBy=userName&count=5` }, 200)
+      await expectValid('scim_list_users', { url: '/Users?excludedAttributes=groups,meta' }, 200)
+      await expectValid('scim_patch_user', { method: 'PATCH', url: `/Users/${user.id as string}`, payload: { Operations: [{ op: 'Replace', value: { active: false, 'name.givenName': 'Augusta' } }] } }, 200)
+      await expectValid('scim_replace_user', { method: 'PUT', url: `/Users/${user.id as string}`, payload: { userName: user.userName, active: true } }, 200)
+      await expectValid('scim_get_group', { url: `/Groups/${group.id as string}` }, 200)
+      await expectValid('scim_list_groups', { url: `/Groups?filter=${encodeURIComponent(`members[value eq "${user.id as string}"]`)}` }, 200)
+      await expectValid('scim_patch_group', { method: 'PATCH', url: `/Groups/${group.id as string}`, payload: { Operations: [{ op: 'add', path: 'members', value: [{ value: manager.id }] }] } }, 204)
+      await expectValid('scim_replace_group', { method: 'PUT', url: `/Groups/${group.id as string}`, payload: { displayName: group.displayName, members: [] } }, 200)
+      await expectValid('scim_get_service_provider_config', { url: '/ServiceProviderConfig' }, 200)
+      await expectValid('scim_get_service_configuration', { url: '/serviceConfiguration' }, 200)
+      await expectValid('scim_list_resource_types', { url: '/ResourceTypes' }, 200)
+      await expectValid('scim_get_resource_type', { url: '/ResourceTypes/User' }, 200)
+      await expectValid('scim_list_schemas', { url: '/Schemas' }, 200)
+      await expectValid('scim_get_schema', { url: `/Schemas/${enterprise}` }, 200)
+      // Errors, in SCIM's body: an unknown id, a filter that cannot be parsed, a name in use, a stale If-Match.
+      await expectValid('scim_get_user', { url: '/Users/00000000-0000-7000-8000-000000000000' }, 404)
+      const invalid = await expectValid('scim_list_users', { url: '/Users?filter=userName%20eq' }, 400)
+      assert.equal(invalid.scimType, 'invalidFilter')
+      await expectValid('scim_create_user', { method: 'POST', url: '/Users', payload: { userName: user.userName } }, 409)
+      await expectValid('scim_create_user', { method: 'POST', url: '/Users', payload: { userName: 'not a user name' } }, 400)
+      await expectValid('scim_delete_group', { method: 'DELETE', url: `/Groups/${group.id as string}` }, 204)
+      await expectValid('scim_delete_user', { method: 'DELETE', url: `/Users/${user.id as string}` }, 204)
+      assert.equal(checked, 22)
+
+      // The check can fail: an answer missing what the schema requires does not validate.
+      const validate = ajv.compile({ $ref: 'openapi.json#/components/schemas/ScimError' })
+      assert.equal(validate({ schemas: ['urn:ietf:params:scim:api:messages:2.0:Error'], status: 404, detail: 'x' }), false)
     })
 
     it('on a 429 from the address limit, which is refused before any other hook runs', async () => {

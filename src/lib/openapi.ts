@@ -93,7 +93,8 @@ export function Nullable<T extends TSchema & { type: string }> (schema: T, optio
 // operationTransform() from the route's config, so the document says what the
 // hooks in app.ts and the rate-limit plugin really send.
 
-interface HeaderObject { description: string, required?: boolean, schema: Record<string, unknown> }
+/** `name`: the header's name where its component's differs (SCIM's ETag is another header component than the REST API's). */
+interface HeaderObject { description: string, required?: boolean, schema: Record<string, unknown>, name?: string }
 
 const INT32_MAX = 2_147_483_647
 const count = (description: string, minimum = 0): HeaderObject =>
@@ -133,6 +134,18 @@ const RESPONSE_HEADERS = {
   'Idempotent-Replayed': {
     description: '`true`: this is the stored answer to an earlier request with the same `Idempotency-Key` and body, sent again (status, body, `Location`, `ETag` and `Content-Type` as they were); nothing was done this time. Absent on an answer made for this request.',
     schema: { type: 'string', enum: ['true'] }
+  },
+  ScimETag: {
+    name: 'ETag',
+    required: true,
+    description: 'The version of the SCIM user or group, as a weak entity tag (its `meta.version`); send it as `If-Match` to refuse lost updates.',
+    schema: { type: 'string', maxLength: 24, pattern: '^W/"[0-9]+"$', examples: ['W/"3"'] }
+  },
+  ScimLocation: {
+    name: 'Location',
+    required: true,
+    description: 'The new SCIM resource\'s URL (its `meta.location`).',
+    schema: { type: 'string', format: 'uri', maxLength: 2048, examples: ['https://gatehouse.example.com/auth/scim/v2/Users/01a1fd7c-b1e2-7699-a01a-121c313edad5'] }
   },
   Deprecation: {
     required: true,
@@ -204,7 +217,7 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
     const config = (route.config ?? {}) as { scope?: unknown, legacy?: boolean, rateLimit?: unknown, idempotent?: boolean }
     const limited = options.rateLimited && config.rateLimit !== false
     const response = { ...(schema.response as Record<string, Record<string, unknown>> | undefined) }
-    if (limited && response[429] === undefined) response[429] = problemResponse(429) as Record<string, unknown>
+    if (limited && response[429] === undefined) response[429] = tooManyRequests(response['4xx'])
 
     // Response status → header name → its entry in HEADER_COMPONENTS.
     const pending: Record<string, Record<string, string>> = {}
@@ -220,10 +233,12 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
       }
       if (status === '401' && config.scope !== undefined) names.add('WWW-Authenticate')
       if (config.legacy === true) for (const name of ['Deprecation', 'Sunset', 'Link'] as const) names.add(name)
+      // Header name → component.
       const headers: Record<string, string> = {}
       for (const name of names) {
-        if (RESPONSE_HEADERS[name] === undefined) throw new Error(`${url}: response header ${name} is not described in RESPONSE_HEADERS`)
-        headers[name] = name === 'Link' && config.legacy === true ? 'LegacyLink' : name
+        const described = RESPONSE_HEADERS[name] as HeaderObject | undefined
+        if (described === undefined) throw new Error(`${url}: response header ${name} is not described in RESPONSE_HEADERS`)
+        headers[described.name ?? name] = name === 'Link' && config.legacy === true ? 'LegacyLink' : name
       }
       pending[status.toUpperCase()] = headers
     }
@@ -231,6 +246,16 @@ export function operationTransform (options: { rateLimited: boolean }): SwaggerT
     const idempotency = config.idempotent === true ? idempotencyKeyParameter(schema.headers as Record<string, any> | undefined) : {}
     return { schema: { ...schema, ...security, ...idempotency, response, [PENDING_HEADERS]: pending }, url }
   }
+}
+
+/**
+ * The 429, in the form of the route's own errors: the first media type of its
+ * `4XX` (a Problem; SCIM's error body on the SCIM routes).
+ */
+function tooManyRequests (otherErrors: Record<string, unknown> | undefined): Record<string, unknown> {
+  const content = otherErrors?.content as Record<string, unknown> | undefined
+  const [first] = Object.entries(content ?? {})
+  return first === undefined ? problemResponse(429) as Record<string, unknown> : { description: STATUS_CODES[429], content: { [first[0]]: first[1] } }
 }
 
 /** The route's request headers with `Idempotency-Key` added (the plugin reads it; the route's schema does not name it). */
@@ -266,7 +291,8 @@ export const finishDocument: SwaggerTransformObject = (documentObject) => {
         if (response === undefined) continue
         response.headers = {}
         for (const [name, component] of Object.entries(headers)) {
-          used[component] = HEADER_COMPONENTS[component]!
+          const { name: _name, ...header } = HEADER_COMPONENTS[component]!
+          used[component] = header
           response.headers[name] = { $ref: `#/components/headers/${component}` }
         }
       }
