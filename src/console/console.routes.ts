@@ -332,7 +332,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   app.post('/admin/users/:user_id/password-reset', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
     const id = request.params.user_id
     try {
-      const link = await issuePasswordReset({ db: app.db, passwords: app.passwords, config: app.config }, request.principal!, requestContext(request), id)
+      const link = await issuePasswordReset({ db: app.db, passwords: app.passwords, config: app.config }, requestContext(request), id)
       if (link.mailed) return await seeOther(reply, `${admin}/users/${id}?done=reset-sent`)
       return await renderUser(request, reply, 200, id, { resetLink: { url: link.url!, code: link.code!, expires_at: link.expires_at } }, 'A password-reset link: the earlier one stopped working.')
     } catch (error) {
