@@ -28,6 +28,7 @@ import { answerClientError, answerFrameworkError, AppError, registerErrorHandlin
 import { secretParamsOf } from './lib/query-string.ts'
 import { PasswordHasher } from './lib/passwords.ts'
 import { rejectNulBytes } from './lib/nul-bytes.ts'
+import { rejectPrototypeNames } from './lib/object-keys.ts'
 import { trustFunction, withForwarding } from './lib/forwarded.ts'
 import { decimalNumbersOnly } from './lib/decimal-numbers.ts'
 import { jsonParserWithPosition } from './lib/json-body.ts'
@@ -315,6 +316,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addContentTypeParser('application/merge-patch+json', { parseAs: 'string', bodyLimit: config.bodyLimitBytes }, parseJson)
   // After multipart's own preValidation hook, which is where a multipart body is parsed.
   app.addHook('preValidation', rejectNulBytes)
+  app.addHook('preValidation', rejectPrototypeNames)
 
   app.addHook('onResponse', (request, reply, done) => {
     logAccess(request, reply)

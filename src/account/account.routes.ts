@@ -93,7 +93,7 @@ export default async function accountRoutes (app: FastifyTypeBox, deps: AccountD
       response: { 200: { ...ref(PasswordResetLink), description: 'Issued.' }, ...problems(401, 403, 404, 409, 422, 503) }
     },
     config: { scope: 'users:write' }
-  }, async (request) => await issuePasswordReset(resets, request.principal!, requestContext(request), request.params.user_id))
+  }, async (request) => await issuePasswordReset(resets, requestContext(request), request.params.user_id))
 
   app.post('/api/password-resets/complete', {
     schema: {

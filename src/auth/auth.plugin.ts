@@ -4,7 +4,7 @@ import { authenticateApiKey } from '../api-keys/api-keys.service.ts'
 import { AppError } from '../errors.ts'
 import { CredentialCache } from './credential-cache.ts'
 import { authenticateSession, SESSION_TOKEN_PREFIX } from '../sessions/sessions.service.ts'
-import { hasScope, type Principal, type RequestContext, type Scope } from './principal.ts'
+import { hasScope, isAdmin, type Principal, type RequestContext, type Scope } from './principal.ts'
 
 declare module 'fastify' {
   interface FastifyRequest {
@@ -105,7 +105,8 @@ export function requestContext (request: FastifyRequest): RequestContext {
     actorType: principal === null ? 'system' : principal.type === 'session' ? 'user' : 'api_key',
     actorId: principal === null ? null : principal.type === 'session' ? principal.userId : principal.id,
     requestId: request.id,
-    clientIp: request.ip
+    clientIp: request.ip,
+    ...(principal !== null ? { credential: { admin: isAdmin(principal), userId: principal.userId } } : {})
   }
 }
 

@@ -48,6 +48,13 @@ export interface RequestContext {
   actorId: string | null
   requestId: string | null
   clientIp: string | null
+  /**
+   * The credential that asked, when a request's credential did: whether it is
+   * an admin credential, and the user it acts for. The user and group
+   * lifecycles refuse a change of an admin account to any other (absent: the
+   * service's own changes, such as a sign-in's group mapping).
+   */
+  credential?: { admin: boolean, userId: string | null }
 }
 
 export const SYSTEM_CONTEXT: RequestContext = { actorType: 'system', actorId: null, requestId: null, clientIp: null }

@@ -6,6 +6,7 @@ import { pipeline, type Readable, type Writable } from 'node:stream'
 import type { Command } from 'commander'
 import { parse } from 'csv-parse'
 import pLimit from 'p-limit'
+import { isPrototypeName, prototypeNameIn } from '../lib/object-keys.ts'
 import { checkImportedHash } from '../lib/passwords.ts'
 import { ApiClient, ApiError } from './http.ts'
 import { CliError, printJson, printLine, UsageError } from './output.ts'
@@ -74,6 +75,8 @@ async function * csvRows (input: Readable): AsyncGenerator<{ line: number, recor
     columns: (header: string[]) => {
       const names = header.map(h => h.trim())
       if (!names.includes('username')) throw new UsageError('the CSV header has no username column')
+      const forbidden = names.find(isPrototypeName)
+      if (forbidden !== undefined) throw new UsageError(`the CSV header names a column "${forbidden}", which no user field is`)
       return names
     }
   })
@@ -103,6 +106,9 @@ function fromCsv (record: Record<string, string>): Record<string, unknown> {
 /** The body to send for one record, or why it cannot be sent. */
 export function toCreateBody (record: unknown, userCreateProblems: (value: unknown) => string[]): { body?: Record<string, unknown>, error?: string } {
   if (record === null || typeof record !== 'object' || Array.isArray(record)) return { error: 'a row must be a JSON object' }
+  // A row's names become keys of the body built here: __proto__ would replace its prototype.
+  const forbidden = prototypeNameIn(record)
+  if (forbidden !== undefined) return { error: `${forbidden}: no user field has this name (__proto__, constructor and prototype are refused)` }
   const body: Record<string, unknown> = {}
   for (const [key, value] of Object.entries(record)) {
     if (SERVER_FIELDS.has(key)) continue

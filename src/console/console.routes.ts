@@ -332,7 +332,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   app.post('/admin/users/:user_id/password-reset', { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
     const id = request.params.user_id
     try {
-      const link = await issuePasswordReset({ db: app.db, passwords: app.passwords, config: app.config }, request.principal!, requestContext(request), id)
+      const link = await issuePasswordReset({ db: app.db, passwords: app.passwords, config: app.config }, requestContext(request), id)
       if (link.mailed) return await seeOther(reply, `${admin}/users/${id}?done=reset-sent`)
       return await renderUser(request, reply, 200, id, { resetLink: { url: link.url!, code: link.code!, expires_at: link.expires_at } }, 'A password-reset link: the earlier one stopped working.')
     } catch (error) {
@@ -475,7 +475,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const invalid = groupNameError(name)
     if (invalid !== undefined) return await renderGroups(request, reply, 422, { display_name: name }, { display_name: invalid })
     try {
-      const { group } = await createGroup(groupsDeps, request.principal!, requestContext(request), { display_name: name })
+      const { group } = await createGroup(groupsDeps, requestContext(request), { display_name: name })
       return await seeOther(reply, `${admin}/groups/${group.id}?done=group-created`)
     } catch (error) {
       if (!(error instanceof AppError) || error.code !== 'group_exists') throw error
@@ -504,7 +504,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const invalid = groupNameError(name)
     if (invalid !== undefined) return await renderGroup(request, reply, 422, { display_name: name }, { display_name: invalid })
     try {
-      await updateGroupById(groupsDeps, request.principal!, requestContext(request), request.params.group_id, { display_name: name }, versionOf(fields) /* a user's ETag and a group's are the same strong tag */)
+      await updateGroupById(groupsDeps, requestContext(request), request.params.group_id, { display_name: name }, versionOf(fields) /* a user's ETag and a group's are the same strong tag */)
       return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=group-renamed`)
     } catch (error) {
       if (!(error instanceof AppError)) throw error
@@ -520,7 +520,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const userId = await userIdOfUsername(app.db, who) ?? (GROUP_ID.test(who) && await findUserById(app.db, who.toLowerCase()) !== undefined ? who.toLowerCase() : undefined)
     if (userId === undefined) return await renderGroup(request, reply, 422, { username: who }, { username: 'is not the username or id of a user' })
     try {
-      await addMembers(groupsDeps, request.principal!, requestContext(request), request.params.group_id, [userId], undefined)
+      await addMembers(groupsDeps, requestContext(request), request.params.group_id, [userId], undefined)
       return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=member-added`)
     } catch (error) {
       if (!(error instanceof AppError) || error.code !== 'too_many_groups') throw error
@@ -529,13 +529,13 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   })
 
   app.post('/admin/groups/:group_id/members/:user_id/remove', { schema: { ...hidden, params: GroupMemberParams }, ...formPost }, async (request: FastifyRequest<{ Params: { group_id: string, user_id: string } }>, reply) => {
-    await removeMember(groupsDeps, request.principal!, requestContext(request), request.params.group_id, request.params.user_id, undefined)
+    await removeMember(groupsDeps, requestContext(request), request.params.group_id, request.params.user_id, undefined)
     return await seeOther(reply, `${admin}/groups/${request.params.group_id}?done=member-removed`)
   })
 
   app.post('/admin/groups/:group_id/delete', { ...groupRoute, ...formPost }, async (request: GroupRequest, reply) => {
     const { group } = await getGroup(groupsDeps, request.params.group_id)
-    await deleteGroupById(groupsDeps, request.principal!, requestContext(request), group.id, undefined)
+    await deleteGroupById(groupsDeps, requestContext(request), group.id, undefined)
     return await seeOther(reply, `${admin}/groups${queryOf({ done: 'group-deleted', name: group.display_name })}`)
   })
 

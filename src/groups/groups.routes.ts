@@ -72,7 +72,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write', accepts: JSON_TYPES, idempotent: true }
   }, async (request, reply) => {
-    const { group, version } = await createGroup(deps, request.principal!, requestContext(request), request.body)
+    const { group, version } = await createGroup(deps, requestContext(request), request.body)
     return await reply.code(201).header('Location', location(group.id)).header('ETag', groupEtagOf(version)).send(group)
   })
 
@@ -106,7 +106,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write', accepts: PATCH_TYPES }
   }, async (request, reply) => {
-    const { group, version } = await updateGroupById(deps, request.principal!, requestContext(request), request.params.group_id, request.body, request.headers['if-match'])
+    const { group, version } = await updateGroupById(deps, requestContext(request), request.params.group_id, request.body, request.headers['if-match'])
     return await reply.header('ETag', groupEtagOf(version)).send(group)
   })
 
@@ -122,7 +122,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write' }
   }, async (request, reply) => {
-    await deleteGroupById(deps, request.principal!, requestContext(request), request.params.group_id, request.headers['if-match'])
+    await deleteGroupById(deps, requestContext(request), request.params.group_id, request.headers['if-match'])
     return await reply.code(204).send(null)
   })
 
@@ -159,7 +159,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write', accepts: JSON_TYPES }
   }, async (request, reply) => {
-    const { group, version } = await addMembers(deps, request.principal!, requestContext(request), request.params.group_id, request.body.user_ids, request.headers['if-match'])
+    const { group, version } = await addMembers(deps, requestContext(request), request.params.group_id, request.body.user_ids, request.headers['if-match'])
     return await reply.header('ETag', groupEtagOf(version)).send(group)
   })
 
@@ -178,7 +178,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write', accepts: JSON_TYPES }
   }, async (request, reply) => {
-    const { group, version } = await replaceMembers(deps, request.principal!, requestContext(request), request.params.group_id, request.body.user_ids, request.headers['if-match'])
+    const { group, version } = await replaceMembers(deps, requestContext(request), request.params.group_id, request.body.user_ids, request.headers['if-match'])
     return await reply.header('ETag', groupEtagOf(version)).send(group)
   })
 
@@ -194,7 +194,7 @@ export default async function groupsRoutes (app: FastifyTypeBox): Promise<void> 
     },
     config: { scope: 'users:write' }
   }, async (request, reply) => {
-    await removeMember(deps, request.principal!, requestContext(request), request.params.group_id, request.params.user_id, request.headers['if-match'])
+    await removeMember(deps, requestContext(request), request.params.group_id, request.params.user_id, request.headers['if-match'])
     return await reply.code(204).send(null)
   })
 }

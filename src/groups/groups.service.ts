@@ -1,17 +1,15 @@
 import { transactionRetried, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
+import type { RequestContext } from '../auth/principal.ts'
 import { decodeCursor, encodeCursor } from '../lib/paging.ts'
 import type { User } from '../users/users.schemas.ts'
-import type { UserRow } from '../users/users.repository.ts'
 import {
   addGroupMembersRecorded,
   changeGroupRecorded,
   createGroupRecorded,
   deleteGroupRecorded,
   removeGroupMembersRecorded,
-  replaceGroupMembersRecorded,
-  type GroupOptions
+  replaceGroupMembersRecorded
 } from './groups.lifecycle.ts'
 import { countGroupMembers, findGroupById, listGroupMembers, listGroups, toGroup, type GroupFilter } from './groups.repository.ts'
 import type { Group, GroupCreate, GroupPatch } from './groups.schemas.ts'
@@ -36,20 +34,6 @@ function assertIfMatch (ifMatch: string | undefined, version: number): void {
 
 function groupNotFound (id: string): AppError {
   return new AppError('group_not_found', 404, `No group has the id ${id}.`)
-}
-
-/**
- * A group's name is in each member's `groups`, which the main service maps
- * to permissions: as through PATCH /api/users, only an admin may change an
- * admin's groups (users.service.ts, assertMayManage).
- */
-function memberRule (principal: Principal): GroupOptions['checkMember'] {
-  if (isAdmin(principal)) return undefined
-  return (member: UserRow) => {
-    if (member.role === 'admin') {
-      throw new AppError('forbidden', 403, `Only an admin may change an admin account; ${member.username} is an admin and a member of this change.`)
-    }
-  }
 }
 
 const PAGE_SORT = 'display_name'
@@ -88,44 +72,43 @@ export async function listMembersPage (deps: GroupsDeps, id: string, limit: numb
   }
 }
 
-export async function createGroup (deps: GroupsDeps, principal: Principal, ctx: RequestContext, input: GroupCreate): Promise<VersionedGroup> {
-  const checkMember = memberRule(principal)
+export async function createGroup (deps: GroupsDeps, ctx: RequestContext, input: GroupCreate): Promise<VersionedGroup> {
   return await transactionRetried(deps.db, async trx => {
-    const { group, version } = await createGroupRecorded(trx, ctx, input, { checkMember })
+    const { group, version } = await createGroupRecorded(trx, ctx, input)
     return { group, version }
   })
 }
 
-export async function updateGroupById (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, patch: GroupPatch, ifMatch: string | undefined): Promise<VersionedGroup> {
+export async function updateGroupById (deps: GroupsDeps, ctx: RequestContext, id: string, patch: GroupPatch, ifMatch: string | undefined): Promise<VersionedGroup> {
   return await transactionRetried(deps.db, async trx => {
-    const { group, version } = await changeGroupRecorded(trx, ctx, id, patch, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
+    const { group, version } = await changeGroupRecorded(trx, ctx, id, patch, { check: current => { assertIfMatch(ifMatch, current.version) } })
     return { group, version }
   })
 }
 
-export async function deleteGroupById (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
+export async function deleteGroupById (deps: GroupsDeps, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
   await transactionRetried(deps.db, async trx => {
-    await deleteGroupRecorded(trx, ctx, id, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
+    await deleteGroupRecorded(trx, ctx, id, { check: current => { assertIfMatch(ifMatch, current.version) } })
   })
 }
 
-export async function addMembers (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
+export async function addMembers (deps: GroupsDeps, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
   return await transactionRetried(deps.db, async trx => {
-    const { group, version } = await addGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
+    const { group, version } = await addGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) } })
     return { group, version }
   })
 }
 
-export async function replaceMembers (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
+export async function replaceMembers (deps: GroupsDeps, ctx: RequestContext, id: string, userIds: string[], ifMatch: string | undefined): Promise<VersionedGroup> {
   return await transactionRetried(deps.db, async trx => {
-    const { group, version } = await replaceGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
+    const { group, version } = await replaceGroupMembersRecorded(trx, ctx, id, userIds, { check: current => { assertIfMatch(ifMatch, current.version) } })
     return { group, version }
   })
 }
 
-export async function removeMember (deps: GroupsDeps, principal: Principal, ctx: RequestContext, id: string, userId: string, ifMatch: string | undefined): Promise<VersionedGroup> {
+export async function removeMember (deps: GroupsDeps, ctx: RequestContext, id: string, userId: string, ifMatch: string | undefined): Promise<VersionedGroup> {
   return await transactionRetried(deps.db, async trx => {
-    const { group, version } = await removeGroupMembersRecorded(trx, ctx, id, [userId], { check: current => { assertIfMatch(ifMatch, current.version) }, checkMember: memberRule(principal) })
+    const { group, version } = await removeGroupMembersRecorded(trx, ctx, id, [userId], { check: current => { assertIfMatch(ifMatch, current.version) } })
     return { group, version }
   })
 }

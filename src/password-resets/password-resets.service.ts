@@ -1,7 +1,7 @@
 import type { Config } from '../config.ts'
 import { toBool, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
-import { isAdmin, type Principal, type RequestContext } from '../auth/principal.ts'
+import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import type { BackgroundTasks } from '../lib/background.ts'
 import { checkPasswordPolicy, passwordPolicyOf } from '../lib/password-policy.ts'
@@ -14,7 +14,7 @@ import { issueAndMailToken, issueTokenMail } from '../tokens/token-mail.ts'
 import { findLiveToken, findTokenHolder, type PreparedCode, type TokenProof } from '../tokens/tokens.repository.ts'
 import { checkTokenProof, prepareCode, useCheckedProof } from '../tokens/token-codes.ts'
 import { enqueueMailRequest, isMailSending, type MailRequest } from '../mail/mail.outbox.ts'
-import { changeUserRecorded } from '../users/users.lifecycle.ts'
+import { assertMayChangeAccount, changeUserRecorded } from '../users/users.lifecycle.ts'
 import { clearSignInLock, findUserById, type UserRow } from '../users/users.repository.ts'
 
 /*
@@ -158,11 +158,11 @@ const INELIGIBLE: Partial<Record<RequestOutcome, string>> = {
  * they have an address, else returned to hand over, once. Refused (409) for
  * an account a reset is not offered to. The earlier reset link ends.
  */
-export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config' | 'passwords'>, principal: Principal, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
+export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 'config' | 'passwords'>, ctx: RequestContext, userId: string): Promise<PasswordResetLink> {
   if (!deps.config.passwordSignIn) throw notOffered()
   const user = await findUserById(deps.db, userId)
   if (user === undefined) throw new AppError('user_not_found', 404, `No user has the id ${userId}.`)
-  if (!isAdmin(principal) && user.role === 'admin') throw new AppError('forbidden', 403, 'Only an admin may change an admin account.')
+  assertMayChangeAccount(ctx, user)
   const outcome = await eligibility(deps, user)
   if (outcome !== undefined && outcome !== 'no_email') throw new AppError('conflict', 409, INELIGIBLE[outcome] ?? 'A password reset is not offered to this user.')
   const code = await prepareCode(deps.passwords)

@@ -1,6 +1,7 @@
 import { sql, type RawBuilder, type Selectable } from 'kysely'
 import { isPostgres, type Db, type GroupsTable, type UsersTable } from '../db/database.ts'
 import { InvalidFilter, type Filter } from '../lib/scim-filter.ts'
+import { ownValue } from '../lib/object-keys.ts'
 
 /** Every column a SCIM User is made of: never the password hash. */
 export const SCIM_USER_COLUMNS = [
@@ -157,7 +158,7 @@ function attributeOf (resource: Resource, path: string): Attribute {
   // An enterprise attribute with its URN, or by its bare name, which no core attribute shares.
   else if (resource === USERS && name.startsWith(ENTERPRISE_USER_URN)) name = `enterprise:${name.slice(ENTERPRISE_USER_URN.length)}`
   else if (resource === USERS && ENTERPRISE_NAMES.has(name)) name = `enterprise:${name}`
-  const attribute = resource.attributes[name]
+  const attribute = ownValue(resource.attributes, name)
   if (attribute === undefined) throw new InvalidFilter(`${resource.name} cannot be filtered on "${path}"; see /Schemas and docs/scim.md for the attributes that can.`)
   return attribute
 }
@@ -337,7 +338,7 @@ export function sortColumnOf (path: string): typeof SORT_COLUMNS[string] | undef
   if (name.startsWith(CORE_USER_URN)) name = name.slice(CORE_USER_URN.length)
   else if (name.startsWith(ENTERPRISE_USER_URN)) name = `enterprise:${name.slice(ENTERPRISE_USER_URN.length)}`
   else if (ENTERPRISE_NAMES.has(name)) name = `enterprise:${name}`
-  return SORT_COLUMNS[name]
+  return ownValue(SORT_COLUMNS, name)
 }
 
 export interface ScimListQuery {
@@ -425,7 +426,7 @@ const GROUP_SORT_COLUMNS: Record<string, 'display_name' | 'external_id' | 'creat
 export function groupSortColumnOf (path: string): typeof GROUP_SORT_COLUMNS[string] | undefined {
   let name = path.toLowerCase()
   if (name.startsWith(CORE_GROUP_URN)) name = name.slice(CORE_GROUP_URN.length)
-  return GROUP_SORT_COLUMNS[name]
+  return ownValue(GROUP_SORT_COLUMNS, name)
 }
 
 /** One page of groups matching a filter, and how many match in all. */

@@ -33,23 +33,9 @@ import {
   GROUP_SCHEMA,
   type ScimType
 } from './scim.schemas.ts'
-import {
-  createScimGroup,
-  deleteScimGroup,
-  getScimGroup,
-  listScimGroupsPage,
-  patchScimGroup,
-  replaceScimGroup,
-  createScimUser,
-  deleteScimUser,
-  etagOf,
-  getScimUser,
-  listScimUsersPage,
-  patchScimUser,
-  project,
-  replaceScimUser,
-  type ScimContext
-} from './scim.service.ts'
+import { createScimGroup, deleteScimGroup, getScimGroup, listScimGroupsPage, patchScimGroup, replaceScimGroup } from './scim-groups.service.ts'
+import { createScimUser, deleteScimUser, getScimUser, listScimUsersPage, patchScimUser, replaceScimUser } from './scim-users.service.ts'
+import { etagOf, project, type ScimContext } from './scim.resources.ts'
 
 const ENDPOINTS = ['Users', 'Groups', 'ServiceProviderConfig', 'serviceConfiguration', 'ResourceTypes', 'Schemas']
 const ENDPOINT_BY_CASE = new Map(ENDPOINTS.map(name => [name.toLowerCase(), name]))

@@ -226,6 +226,7 @@ async function syncMemberships (trx: Db, ctx: RequestContext, userId: string, na
 
 /** Creates one user with its `user.created` event, and their memberships. */
 export async function createUserRecorded (trx: Db, ctx: RequestContext, given: NewUserRow, extra: Record<string, unknown> = {}): Promise<PublicUserRow> {
+  assertMayChangeAccount(ctx, given)
   const [{ row }] = await withStoredGroupSpellings(trx, [{ row: given }]) as [{ row: NewUserRow }]
   const inserted = await insertUser(trx, row)
   await recordEvent(trx, ctx, 'user.created', { type: 'user', id: inserted.id }, createdEventData(inserted, scimFieldsOf(row), row.password_hash !== null, extra))
@@ -236,6 +237,7 @@ export async function createUserRecorded (trx: Db, ctx: RequestContext, given: N
 /** Creates many users (an import) with a `user.created` event each, in two statements. */
 export async function createUsersRecorded (trx: Db, ctx: RequestContext, given: Array<{ row: NewUserRow, extra?: Record<string, unknown> }>): Promise<void> {
   if (given.length === 0) return
+  for (const { row } of given) assertMayChangeAccount(ctx, row)
   const rows = await withStoredGroupSpellings(trx, given)
   const now = nowIso()
   await insertUsers(trx, rows.map(r => r.row))
@@ -293,6 +295,12 @@ export interface ChangeOptions {
    * change of `groups` records `group.members_added`/`_removed` per group.
    */
   recordGroupEvents?: boolean
+  /**
+   * The change follows from another the actor was allowed to make (a deleted
+   * manager is cleared from their reports): the admin-account rule was
+   * applied to that one.
+   */
+  consequence?: boolean
 }
 
 export interface ChangeOutcome {
@@ -306,6 +314,21 @@ export interface ChangeOutcome {
 
 function userNotFound (id: string): AppError {
   return new AppError('user_not_found', 404, `No user has the id ${id}.`)
+}
+
+/**
+ * Only an admin credential may change an admin account: the role is the key
+ * to every other account, so a `users:write` or `scim` key (an identity
+ * provider's) that could rename, re-group, re-address, disable or delete an
+ * admin could take over or lock out the service's administration. One rule
+ * for every door (REST, SCIM, console, CLI over HTTP), as every door changes
+ * users through this file; one's own account is one's own.
+ */
+export function assertMayChangeAccount (ctx: RequestContext, target: Pick<UserRow, 'id' | 'role' | 'username'>): void {
+  const credential = ctx.credential
+  if (credential === undefined || credential.admin || target.role !== 'admin') return
+  if (target.id === credential.userId || (ctx.actorType === 'user' && ctx.actorId === target.id)) return
+  throw new AppError('forbidden', 403, `Only an admin may change an admin account; ${target.username} is an admin.`)
 }
 
 function assertNotLastAdmin (enabledAdminIds: string[], leavingId: string): void {
@@ -339,6 +362,8 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
   let keptLastAdmin = false
   let role = changes.role
   const stopsBeingAdmin = old.role === 'admin' && !old.disabled && ((role !== undefined && role !== 'admin') || changes.disabled === true)
+  // Who may ask is answered before what the change would leave (403 before 409).
+  if (stopsBeingAdmin && options.consequence !== true) assertMayChangeAccount(ctx, current)
   if (stopsBeingAdmin && !(admins ?? []).some(adminId => adminId !== id)) {
     if (options.lastAdmin === 'refuse' || changes.disabled === true) assertNotLastAdmin(admins ?? [], id)
     role = 'admin'
@@ -393,6 +418,7 @@ export async function changeUserRecorded (trx: Db, ctx: RequestContext, id: stri
 
   // A change that changes nothing records nothing, whoever asked; a sign-in notes a kept role on its own event.
   if (Object.keys(diff).length === 0) return { user: old, version: current.version, changed: false, keptLastAdmin }
+  if (options.consequence !== true) assertMayChangeAccount(ctx, current)
   const updated = await updateUser(trx, id, current.version, update)
   if (updated === undefined) throw new AppError('precondition_failed', 412, 'The user changed while this request was applied; read it again and retry.')
   await recordEvent(trx, ctx, 'user.updated', { type: 'user', id }, { changes: diff, ...options.extra, ...(keptLastAdmin ? { role_kept: 'last_admin' } : {}) })
@@ -446,13 +472,14 @@ export async function deleteUserRecorded (trx: Db, ctx: RequestContext, id: stri
   const current = await findUserById(trx, id, { forUpdate: true })
   if (current === undefined) throw userNotFound(id)
   options.check?.(current)
+  assertMayChangeAccount(ctx, current)
   if (current.role === 'admin' && !toBool(current.disabled)) assertNotLastAdmin(admins, id)
   await revokeKeysRecorded(trx, ctx, id, 'user_deleted')
   await endSessionsRecorded(trx, ctx, id, 'user_deleted')
   // Their reports lose their manager as any change is made: a new version and a
   // `user.updated` each, so a SCIM client's ETag of a report sees the change.
   for (const reportId of await listReportIds(trx, id)) {
-    await changeUserRecorded(trx, ctx, reportId, { manager_id: null }, { lastAdmin: 'refuse', extra: { reason: 'manager_deleted' } })
+    await changeUserRecorded(trx, ctx, reportId, { manager_id: null }, { lastAdmin: 'refuse', consequence: true, extra: { reason: 'manager_deleted' } })
   }
   const groupIds = await listGroupIdsOfUser(trx, id)
   // The memberships go with the row (ON DELETE CASCADE).

@@ -29,7 +29,7 @@ import { endLiveTokens } from '../tokens/tokens.repository.ts'
 import { issueAndMailToken, type LinkConfig } from '../tokens/token-mail.ts'
 import { prepareCode } from '../tokens/token-codes.ts'
 import type { PreparedCode } from '../tokens/tokens.repository.ts'
-import { changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
+import { assertMayChangeAccount, changeUserRecorded, createUserRecorded, createUsersRecorded, deleteUserRecorded, newUserRow } from './users.lifecycle.ts'
 
 export interface UsersDeps {
   db: Db
@@ -86,15 +86,15 @@ function assertSelfEdit (principal: Principal, targetId: string, patch: UserPatc
 }
 
 /** Only admins grant or hold admin powers: a `users:write` credential cannot create, edit or remove an admin. */
-function assertMayManage (principal: Principal, target: { role: string } | undefined, wantsRole: string | undefined): void {
-  if (isAdmin(principal)) return
-  if (wantsRole !== undefined || target?.role === 'admin') {
-    throw new AppError('forbidden', 403, 'Only an admin may set roles or change an admin account.')
+/** Roles are set by admins only; who may change an admin account is the lifecycle's rule (assertMayChangeAccount). */
+function assertMaySetRole (principal: Principal, wantsRole: string | undefined): void {
+  if (wantsRole !== undefined && !isAdmin(principal)) {
+    throw new AppError('forbidden', 403, 'Only an admin may set roles.')
   }
 }
 
 export async function createUser (deps: UsersDeps, principal: Principal, ctx: RequestContext, input: UserCreate): Promise<VersionedUser & { invitation?: IssuedInvitation }> {
-  assertMayManage(principal, undefined, input.role)
+  assertMaySetRole(principal, input.role)
   const { invite, ...fields } = input
   if (invite === true && input.password !== undefined) {
     throw new AppError('validation_failed', 422, 'An invited user sets their own password: send invite or password, not both.', {
@@ -147,7 +147,7 @@ export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: Re
   return await deps.db.transaction().execute(async trx => {
     let current = await findUserById(trx, id, { forUpdate: true })
     if (current === undefined) throw userNotFound(id)
-    assertMayManage(principal, current, undefined)
+    assertMayChangeAccount(ctx, current)
     if (toBool(current.disabled)) throw new AppError('conflict', 409, 'This user is disabled, and could not accept an invitation; enable them first.')
     const resent = toBool(current.invitation_pending)
     if (!resent) {
@@ -165,7 +165,7 @@ export async function inviteUser (deps: UsersDeps, principal: Principal, ctx: Re
 export async function revokeInvitation (deps: Pick<UsersDeps, 'db'>, principal: Principal, ctx: RequestContext, id: string): Promise<void> {
   await deps.db.transaction().execute(async trx => {
     const current = assertInvitationPending(await findUserById(trx, id, { forUpdate: true }), id)
-    assertMayManage(principal, current, undefined)
+    assertMayChangeAccount(ctx, current)
     const ended = await endLiveTokens(trx, id, 'invitation', 'revoked')
     await recordEvent(trx, ctx, 'user.invitation_revoked', { type: 'user', id }, { links_ended: ended })
   })
@@ -272,7 +272,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
       })
     }
   } else {
-    assertMayManage(principal, before, patch.role)
+    assertMaySetRole(principal, patch.role)
   }
   assertIfMatch(ifMatch, before.version)
   const passwordHash = patch.password !== undefined
@@ -293,10 +293,7 @@ export async function updateUserById (deps: UsersDeps, principal: Principal, ctx
 export async function deleteUserById (deps: UsersDeps, principal: Principal, ctx: RequestContext, id: string, ifMatch: string | undefined): Promise<void> {
   await deps.db.transaction().execute(async trx => {
     await deleteUserRecorded(trx, ctx, id, {
-      check: current => {
-        assertMayManage(principal, current, undefined)
-        assertIfMatch(ifMatch, current.version)
-      }
+      check: current => { assertIfMatch(ifMatch, current.version) }
     })
   })
 }
