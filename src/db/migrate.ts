@@ -24,6 +24,7 @@ import * as m0021 from './migrations/0021_user_json.ts'
 import * as m0022 from './migrations/0022_user_search_trigram_statistics.ts'
 import * as m0023 from './migrations/0023_user_json_column.ts'
 import * as m0024 from './migrations/0024_user_json_sqlite_column.ts'
+import * as m0025 from './migrations/0025_login_throttle_windows.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -50,7 +51,8 @@ const migrations: Record<string, Migration> = {
   '0021_user_json': m0021,
   '0022_user_search_trigram_statistics': m0022,
   '0023_user_json_column': m0023,
-  '0024_user_json_sqlite_column': m0024
+  '0024_user_json_sqlite_column': m0024,
+  '0025_login_throttle_windows': m0025
 }
 
 /** This release's migrations, oldest first. */
