@@ -24,6 +24,8 @@ export interface Config {
   databaseReadPipelines: number
   /** SQLite: how much of the database file, in MiB, is read through a memory map (0: none). */
   sqliteMmapMib: number
+  /** SQLite: the WAL size, in MiB, past which it is emptied between transactions, and cut back to once checkpointed. */
+  sqliteWalLimitMib: number
   /** Upper bound for one SQL statement (PostgreSQL statement_timeout, SQLite busy timeout). */
   databaseStatementTimeoutMs: number
   /**
@@ -191,6 +193,7 @@ export type NoticeKind = typeof NOTICE_KINDS[number]
 export class ConfigError extends Error {}
 
 const SQLITE_MMAP_MAX_MIB = 2047
+const SQLITE_WAL_LIMIT_MAX_MIB = 4096
 
 const DEFAULTS: Config = {
   host: '127.0.0.1',
@@ -201,6 +204,7 @@ const DEFAULTS: Config = {
   databasePoolSize: 10,
   databaseReadPipelines: 4,
   sqliteMmapMib: 256,
+  sqliteWalLimitMib: 64,
   databaseStatementTimeoutMs: 5000,
   // Unless set, a second beyond the statement timeout, so that a merely slow
   // statement is cancelled by the server first and its connection kept.
@@ -326,6 +330,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
   c.databaseReadPipelines = int('DATABASE_READ_PIPELINES', c.databaseReadPipelines)
   c.sqliteMmapMib = int('SQLITE_MMAP_MIB', c.sqliteMmapMib)
+  c.sqliteWalLimitMib = int('SQLITE_WAL_LIMIT_MIB', c.sqliteWalLimitMib)
   c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
   c.databaseQueryTimeoutMs = int('DATABASE_QUERY_TIMEOUT_MS', c.databaseStatementTimeoutMs + 1000)
   c.databaseAcquireTimeoutMs = int('DATABASE_ACQUIRE_TIMEOUT_MS', c.databaseAcquireTimeoutMs)
@@ -492,6 +497,7 @@ function validate (c: Config): Config {
   }
   // SQLite maps at most 2 GiB less 64 KiB (SQLITE_MAX_MMAP_SIZE) and quietly maps less than asked beyond it.
   if (c.sqliteMmapMib > SQLITE_MMAP_MAX_MIB) throw new ConfigError(`SQLITE_MMAP_MIB must be at most ${SQLITE_MMAP_MAX_MIB}`)
+  if (c.sqliteWalLimitMib < 1 || c.sqliteWalLimitMib > SQLITE_WAL_LIMIT_MAX_MIB) throw new ConfigError(`SQLITE_WAL_LIMIT_MIB must be between 1 and ${SQLITE_WAL_LIMIT_MAX_MIB}`)
   // Longer, and a revoked credential kept working that long wherever a change notice went missing.
   if (c.credentialCacheTtlMs > 60_000) throw new ConfigError('CREDENTIAL_CACHE_TTL_MS must be at most 60000')
   // Zero would make every change to factors ask again at once; an hour keeps a stolen session's window small enough.

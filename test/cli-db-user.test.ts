@@ -2,12 +2,13 @@ import assert from 'node:assert/strict'
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto'
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { isAbsolute, join } from 'node:path'
+import { stripVTControlCharacters } from 'node:util'
 import { after, before, describe, it } from 'node:test'
 import fc from 'fast-check'
 import pg from 'pg'
 import { createRoleSql, parsePrivileges, roleNameProblem, saslprep, scramVerifier } from '../src/cli/pg-role.ts'
 import { auth, createTestApp, type TestApp } from './helpers.ts'
-import { listen, runCli } from './cli-helpers.ts'
+import { listen, runCli, runCliOnTerminal, SCRIPT } from './cli-helpers.ts'
 import { waitFor } from './polling.ts'
 
 const STRICT = /^[a-z_][a-z0-9_$]{0,62}$/
@@ -71,6 +72,37 @@ describe('db-user rules (no database needed)', () => {
     assert.deepEqual([...parsePrivileges('createdb')].sort(), ['createdb', 'login'])
     assert.deepEqual([...parsePrivileges('login')], ['login'], '"login" is still accepted, and adds nothing')
     assert.throws(() => parsePrivileges('nologin'), /unknown privilege "nologin".*always has LOGIN/)
+  })
+
+  it('refuses --privileges superuser without --yes when not on a terminal, with exit code 2, before anything is asked or changed', async () => {
+    for (const args of [
+      ['db-user', 'create', 'ada', '--privileges', 'superuser', '--password-stdin'],
+      ['users', 'create', 'ada', '--db-user', '--privileges', 'createdb,superuser', '--password-stdin']
+    ]) {
+      // No SERVICE_DATABASE_URL and no reachable service: the refusal comes before either is needed.
+      const r = await runCli(args, { env: { GATEHOUSE_URL: 'http://127.0.0.1:9/auth', GATEHOUSE_API_KEY: 'unused' }, input: 'a password\n' })
+      assert.equal(r.code, 2, r.stderr)
+      assert.equal(r.stdout, '')
+      assert.match(r.stderr, /gatehouse: --privileges superuser needs a confirmation: run on a terminal to be asked, or add --yes\. Nothing was changed\.\n$/, args.join(' '))
+    }
+  })
+
+  it('asks on a terminal before a superuser role, and goes on only when the answer is yes', { skip: SCRIPT === undefined && 'needs script(1) for a pseudo-terminal' }, async () => {
+    const question = 'Type "yes" to go on: '
+    const refused = await runCliOnTerminal(['db-user', 'create', 'ada', '--privileges', 'superuser'], { columns: 100, answers: [{ after: question, type: 'no\r' }] })
+    assert.equal(refused.code, 1, refused.output)
+    // What the terminal shows, without readline's cursor moves and the terminal's carriage returns.
+    const shown = (output: string): string => stripVTControlCharacters(output).replaceAll('\r', '')
+    assert.match(shown(refused.output), /^gatehouse: warning: superuser bypasses[^\n]*\nCreate the database role ada as a SUPERUSER of the whole cluster\? Type "yes" to go on: no\ngatehouse: not confirmed; nothing was changed\n$/)
+    assert.ok(!refused.output.includes('Password:'), 'no password is asked for')
+    // "yes" goes on to the password; Ctrl-C there stops it before any database is reached.
+    const confirmed = await runCliOnTerminal(['db-user', 'create', 'ada', '--privileges', 'superuser'], { columns: 100, answers: [{ after: question, type: 'yes\r' }, { after: 'Password: ', type: '\u0003' }] })
+    assert.equal(confirmed.code, 130, confirmed.output)
+    assert.match(shown(confirmed.output), /Type "yes" to go on: yes\nPassword: /)
+    // Without superuser nothing is asked: straight to the password.
+    const plain = await runCliOnTerminal(['db-user', 'create', 'ada', '--privileges', 'createdb'], { columns: 100, answers: [{ after: 'Password: ', type: '\u0003' }] })
+    assert.equal(plain.code, 130, plain.output)
+    assert.ok(!plain.output.includes(question))
   })
 
   it('builds a SCRAM-SHA-256 verifier of the password with a fresh 16-byte salt', () => {
@@ -143,7 +175,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     await asRole.end()
 
     const superName = newName()
-    const su = await runCli(['db-user', 'create', superName, '--privileges', 'superuser,createrole', '--password-stdin', '--json'], { env, input: 'another password\n' })
+    const su = await runCli(['db-user', 'create', superName, '--privileges', 'superuser,createrole', '--password-stdin', '--yes', '--json'], { env, input: 'another password\n' })
     assert.equal(su.code, 0, su.stderr)
     assert.match(su.stderr, /^gatehouse: warning: superuser bypasses every permission check[^\n]*\ngatehouse: the role change is not recorded[^\n]*\n$/)
     assert.deepEqual(JSON.parse(su.stdout).privileges, ['superuser', 'createrole', 'login'])

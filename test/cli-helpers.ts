@@ -41,20 +41,28 @@ export async function listen (app: FastifyTypeBox): Promise<string> {
 /** script(1) from util-linux, which runs a command on a pseudo-terminal; undefined where it is missing. */
 export const SCRIPT = ['/usr/bin/script', '/bin/script'].find(existsSync)
 
+/** What to type on the terminal (`type`, e.g. "yes\r") once the output shows `after`. */
+export interface TerminalAnswer { after: string, type: string }
+
 /**
  * Runs the CLI on a pseudo-terminal `columns` wide, as someone at a terminal
  * would (stdout and stderr are both the terminal, so `output` holds both;
  * line ends are the terminal's \r\n). COLUMNS is unset, so the width is the
- * terminal's own.
+ * terminal's own. `answers` are typed in order, each once its prompt shows.
  */
-export async function runCliOnTerminal (args: string[], { env = {}, columns }: { env?: Record<string, string>, columns: number }): Promise<{ code: number | null, output: string }> {
+export async function runCliOnTerminal (args: string[], { env = {}, columns, answers = [] }: { env?: Record<string, string>, columns: number, answers?: TerminalAnswer[] }): Promise<{ code: number | null, output: string }> {
   const base: NodeJS.ProcessEnv = { ...process.env }
   for (const name of [...CLEARED, 'COLUMNS', 'LINES']) delete base[name]
   const command = [process.execPath, BIN, ...args].map(a => `'${a.replaceAll("'", "'\\''")}'`).join(' ')
   const child = spawn(SCRIPT!, ['-qec', `stty cols ${columns} rows 40 && exec ${command}`, '/dev/null'], { env: { ...base, ...env }, stdio: ['pipe', 'pipe', 'pipe'] })
   let output = ''
-  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d })
-  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d })
+  const pending = [...answers]
+  const answer = (): void => {
+    // Each answer is typed once its prompt has been shown; script(1) passes what it reads to the terminal.
+    while (pending.length > 0 && output.includes(pending[0]!.after)) child.stdin.write(pending.shift()!.type)
+  }
+  child.stdout.setEncoding('utf8').on('data', (d: string) => { output += d; answer() })
+  child.stderr.setEncoding('utf8').on('data', (d: string) => { output += d; answer() })
   const code = await new Promise<number | null>((resolve, reject) => {
     child.on('error', reject)
     child.on('close', resolve)

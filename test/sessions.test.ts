@@ -2,7 +2,7 @@ import assert from 'node:assert/strict'
 import { describe, it } from 'node:test'
 import { hash } from '@node-rs/argon2'
 import type { LightMyRequestResponse } from 'fastify'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
 
 const ORIGIN = 'http://localhost:80'
 
@@ -292,6 +292,7 @@ for (const dialect of dialects()) {
         .where('id', '=', signedIn.session_id).execute()
       const factorChange = async () => await t.app.inject({ method: 'POST', url: '/auth/api/me/passkeys/options', headers: bearer })
       assert.equal((await factorChange()).json().code, 'reauthentication_required')
+      assert.match((await factorChange()).json().detail, /^This change needs a sign-in or re-authentication within the last 10 minutes\. /)
       const put = await t.app.inject({ method: 'PUT', url: '/auth/api/me/password', headers: bearer, payload: { current_password: GOOD_PASSWORD, new_password: 'a brand new passphrase' } })
       assert.equal(put.statusCode, 204, put.body)
       assert.equal((await factorChange()).statusCode, 200, 'the current password was a recent proof')
@@ -388,6 +389,27 @@ for (const dialect of dialects()) {
       assert.deepEqual(events.json(), [])
       assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/login?next=/pipelines', payload: { username: user.username, password: GOOD_PASSWORD } })).statusCode, 200)
     })
+  })
+}
+
+for (const dialect of dialects()) {
+  describe(`the re-authentication window in words (${dialect.name})`, () => {
+    for (const [seconds, words] of [[60, '1 minute'], [90, '90 seconds'], [120, '2 minutes']] as const) {
+      it(`says "${words}" for REAUTH_WINDOW_SECONDS=${seconds}`, async () => {
+        const t = await createTestApp(dialect, { reauthWindowMs: seconds * 1000 })
+        try {
+          const me = await createUser(t)
+          const signedIn = (await login(t, me.username)).json()
+          await t.app.db.updateTable('sessions').set({ created_at: new Date(Date.now() - seconds * 1000 - 60_000).toISOString() })
+            .where('id', '=', signedIn.session_id).execute()
+          const res = await t.app.inject({ method: 'POST', url: '/auth/api/me/passkeys/options', headers: { authorization: `Bearer ${signedIn.token}` } })
+          assert.equal(res.json().code, 'reauthentication_required', res.body)
+          assert.match(res.json().detail, new RegExp(`within the last ${words}\\. `))
+        } finally {
+          await t.app.close()
+        }
+      })
+    }
   })
 }
 

@@ -3,7 +3,8 @@ import { randomInt } from 'node:crypto'
 import { describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import type { Config } from '../src/config.ts'
-import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { waitFor } from './polling.ts'
 import { TEST_REDIS_URL } from './redis.ts'
 
 const WRONG = 'not the password at all'
@@ -202,3 +203,47 @@ describe('with LOGIN_KNOWN_CLIENT_DAYS=0', () => {
     assert.equal((await login(t, user.username, GOOD_PASSWORD, home!)).statusCode, 401)
   })
 })
+
+for (const setup of setups) {
+  describe(`the audit trail of a throttled sign-in (${setup.name})`, () => {
+    it('records one user.login_throttled per account and throttle window, however many attempts it refuses and on whichever instance, and another in the next window', async () => {
+      const settings: Partial<Config> = {
+        loginMaxFailuresPerAccount: 3,
+        loginMaxFailuresPerAddress: 100,
+        accountLockThreshold: 50,
+        // Short, so that the next window comes within the test; polled for, never slept.
+        loginFailureWindowMs: 10_000,
+        ...(setup.redis ? { redisUrl: TEST_REDIS_URL } : {})
+      }
+      const t = await createTestApp(setup.dialect, settings)
+      // With Redis, a second instance on the same database shares the budgets: its refusals are the same window's.
+      const other = setup.redis ? await createTestApp(setup.dialect, { ...settings, databaseSchema: t.config.databaseSchema }) : t
+      try {
+        const user = await createUser(t)
+        const [from] = freshAddresses(1)
+        const throttledEvents = async (): Promise<Array<{ type: string, data: Record<string, unknown> }>> =>
+          (await eventsOf(t, user.id)).filter(e => e.type === 'user.login_throttled')
+        for (let i = 0; i < 3; i++) assert.equal((await login(t, user.username, WRONG, from!)).statusCode, 401)
+        const refused = await Promise.all(Array.from({ length: 8 }, async (_, i) => (await login(i % 2 === 0 ? t : other, user.username, i < 4 ? WRONG : GOOD_PASSWORD, from!)).statusCode))
+        assert.deepEqual(tally(refused), { 429: 8 })
+        const first = await throttledEvents()
+        assert.equal(first.length, 1, JSON.stringify(first))
+        assert.deepEqual(Object.keys(first[0]!.data).sort(), ['identifier', 'throttled_by', 'window_ends_at'])
+        assert.equal(first[0]!.data.throttled_by, 'account')
+        assert.equal(first[0]!.data.identifier, user.username)
+
+        // The window ends: the next wrong password is a failure again, and starts the next window.
+        await waitFor('the throttle window to end', async () => (await login(t, user.username, WRONG, from!)).statusCode === 401, 60_000)
+        for (let i = 0; i < 2; i++) assert.equal((await login(other, user.username, WRONG, from!)).statusCode, 401)
+        const again = await Promise.all(Array.from({ length: 4 }, async (_, i) => (await login(i % 2 === 0 ? t : other, user.username, WRONG, from!)).statusCode))
+        assert.deepEqual(tally(again), { 429: 4 })
+        const both = await throttledEvents()
+        assert.equal(both.length, 2, JSON.stringify(both))
+        assert.notEqual(both[0]!.data.window_ends_at, both[1]!.data.window_ends_at)
+      } finally {
+        if (other !== t) await other.app.close()
+        await t.app.close()
+      }
+    })
+  })
+}

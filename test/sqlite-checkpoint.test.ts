@@ -10,6 +10,7 @@ import { loadConfig } from '../src/config.ts'
 import { WAL_SIZE_LIMIT_BYTES } from '../src/db/database.ts'
 import { Sqlite } from '../src/db/sqlite-binding.ts'
 import { checkpointInBackground } from '../src/db/sqlite-checkpoint.ts'
+import { auth, createTestApp, type TestApp } from './helpers.ts'
 import { eventually, waitFor } from './polling.ts'
 
 /*
@@ -38,7 +39,7 @@ function writeRows (raw: InstanceType<typeof Sqlite>, rows: number): void {
 describe('SQLite checkpoints off the event loop (sqlite)', () => {
   it('the connection stops checkpointing, and a worker thread copies the WAL into the database file once it is big', async () => {
     const { raw, file } = openWal('worker.db')
-    const checkpointer = checkpointInBackground(raw, file, 5000, WAL_BYTES)
+    const checkpointer = checkpointInBackground(raw, file, 5000, { walBytes: WAL_BYTES, limitBytes: WAL_SIZE_LIMIT_BYTES })
     try {
       assert.equal(raw.pragma('wal_autocheckpoint', { simple: true }), 0)
       const before = statSync(file).size
@@ -66,7 +67,7 @@ describe('SQLite checkpoints off the event loop (sqlite)', () => {
     const onWarning = (warning: Error): void => { warnings.push(warning.message) }
     process.on('warning', onWarning)
     // A busy timeout better-sqlite3 refuses: the worker's connection fails to open.
-    const checkpointer = checkpointInBackground(raw, file, -1, WAL_BYTES)
+    const checkpointer = checkpointInBackground(raw, file, -1, { walBytes: WAL_BYTES, limitBytes: WAL_SIZE_LIMIT_BYTES })
     try {
       writeRows(raw, 200)
       await waitFor('the fall-back', () => checkpointer.fellBack)
@@ -100,6 +101,79 @@ describe('the server\'s WAL file after a large write (sqlite)', () => {
       assert.equal(rows[0]?.n, 18000)
     } finally {
       await app.close()
+    }
+  })
+})
+
+describe('the server\'s WAL under imports that never pause (sqlite)', () => {
+  // Scaled down from issue 38's 300,000-user import (an 8.46 GB WAL beside a 1.06 GB database): a 4 MiB limit, and
+  // batches small enough that one transaction writes well under it. The WAL stays under twice the limit: the limit,
+  // and the transaction that passed it.
+  const LIMIT_MIB = 4
+  const LIMIT_BYTES = LIMIT_MIB * 1024 * 1024
+  const BOUND_BYTES = 2 * LIMIT_BYTES
+  const BATCH = 250
+
+  /** Posts `batches` imports of BATCH users, two in flight, and answers the largest WAL seen after each answer and every few milliseconds. */
+  async function importSampled (t: TestApp, file: string, stem: string, batches: number): Promise<number> {
+    let peak = 0
+    const look = (): void => { peak = Math.max(peak, statSync(`${file}-wal`, { throwIfNoEntry: false })?.size ?? 0) }
+    const sampler = setInterval(look, 2)
+    let next = 0
+    const poster = async (): Promise<void> => {
+      while (next < batches) {
+        const batch = next++
+        const users = Array.from({ length: BATCH }, (_, k) => ({ username: `${stem}${batch}_${k}`, email: `${stem}${batch}_${k}@example.com`, first_name: 'Imported', groups: ['etl'] }))
+        const res = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users } })
+        assert.equal(res.statusCode, 200, res.body)
+        assert.equal(res.json<{ created: number }>().created, BATCH)
+        look()
+      }
+    }
+    try {
+      await Promise.all([poster(), poster()])
+    } finally {
+      clearInterval(sampler)
+    }
+    return peak
+  }
+
+  it('is emptied between transactions once past SQLITE_WAL_LIMIT_MIB, so it stays under twice the limit', async () => {
+    const file = join(dir, 'import.db')
+    const t = await createTestApp({ name: 'sqlite', url: undefined }, { databaseUrl: `sqlite:${file}`, sqliteWalLimitMib: LIMIT_MIB })
+    try {
+      const peak = await importSampled(t, file, 'walcap', 32)
+      // Every page of the file came through the WAL: more than the bound, twice over, did.
+      assert.ok(statSync(file).size > 2 * BOUND_BYTES, `the database file is ${statSync(file).size} bytes`)
+      assert.ok(peak < BOUND_BYTES, `the WAL reached ${peak} bytes (limit ${LIMIT_BYTES})`)
+      const last = await t.app.inject({ method: 'GET', url: '/auth/api/users?q=walcap31_249', headers: auth(t.adminKey) })
+      assert.equal(last.json<unknown[]>().length, 1)
+    } finally {
+      await t.app.close()
+    }
+  })
+
+  it('warns when another process\'s reader keeps it from being emptied, answers every import, and empties it once the reader is gone', async () => {
+    const file = join(dir, 'import-reader.db')
+    const t = await createTestApp({ name: 'sqlite', url: undefined }, { databaseUrl: `sqlite:${file}`, sqliteWalLimitMib: LIMIT_MIB })
+    const warnings: string[] = []
+    const onWarning = (warning: Error): void => { warnings.push(warning.message) }
+    process.on('warning', onWarning)
+    // A backup or a report reading one snapshot for its whole run (its own connection, as another process has).
+    const reader = new Sqlite(file, { readonly: true })
+    try {
+      reader.exec('begin')
+      reader.prepare('select count(*) from users').get()
+      await importSampled(t, file, 'held', 12)
+      await waitFor('the warning', () => warnings.some(w => /^The SQLite WAL \(.*\) is [\d.]+ MiB, past its limit of 4\.0 MiB, and could not be emptied/.test(w)))
+      reader.exec('commit')
+      const peak = await importSampled(t, file, 'freed', 8)
+      assert.ok(statSync(`${file}-wal`).size < BOUND_BYTES, `the WAL is still ${statSync(`${file}-wal`).size} bytes`)
+      assert.ok(peak >= LIMIT_BYTES, 'the WAL was large when the reader left')
+    } finally {
+      process.off('warning', onWarning)
+      reader.close()
+      await t.app.close()
     }
   })
 })

@@ -1,7 +1,7 @@
 import type { Command } from 'commander'
 import { ApiClient } from './http.ts'
 import { CliError, note, printJson, printLine } from './output.ts'
-import { readPassword, type PasswordOptions } from './prompt.ts'
+import { confirmOnTerminal, readPassword, type PasswordOptions } from './prompt.ts'
 import {
   checkRoleName,
   connectServiceDb,
@@ -25,6 +25,14 @@ export function planRole (name: string, privilegesList: string): Set<Privilege> 
   if (privileges.has('superuser')) note(SUPERUSER_WARNING)
   return privileges
 }
+
+/** A superuser role is asked for again on a terminal, and needs `--yes` anywhere else (PRODUCT.md §17). */
+export async function confirmPrivileges (name: string, privileges: Set<Privilege>, yes: boolean | undefined): Promise<void> {
+  if (!privileges.has('superuser')) return
+  await confirmOnTerminal(`Create the database role ${name} as a SUPERUSER of the whole cluster?`, { yes, what: '--privileges superuser' })
+}
+
+export const YES_HELP = 'create a superuser role without asking (needed with --privileges superuser when not on a terminal)'
 
 export interface RoleChange {
   action: 'created' | 'dropped'
@@ -76,9 +84,11 @@ export function registerDbUser (program: Command): void {
     .option('--privileges <list>', PRIVILEGES_HELP, DEFAULT_PRIVILEGES)
     .option('--password-stdin', 'read the role\'s password from standard input')
     .option('--password-prompt', 'ask for the password on the terminal (the default on a terminal)')
+    .option('--yes', YES_HELP)
     .option('--json', 'print the result as JSON')
-    .action(async (name: string, options: PasswordOptions & { privileges: string, json?: boolean }) => {
+    .action(async (name: string, options: PasswordOptions & { privileges: string, yes?: boolean, json?: boolean }) => {
       const privileges = planRole(name, options.privileges)
+      await confirmPrivileges(name, privileges, options.yes)
       const gatehouse = optionalClient()
       const password = await readPassword(options, { required: true, confirm: true })
       const client = await connectServiceDb()

@@ -1,3 +1,4 @@
+import { createInterface } from 'node:readline/promises'
 import { CliError, UsageError } from './output.ts'
 
 const MAX_STDIN_BYTES = 64 * 1024
@@ -35,6 +36,31 @@ export async function readPassword (options: PasswordOptions, { required, confir
     }
   }
   return undefined
+}
+
+/**
+ * Asks on the terminal before a change that is hard to take back; `yes`
+ * (the command's `--yes`) answers for a script. Not on a terminal and without
+ * `--yes`, the command stops with a usage error: nothing has been changed.
+ * Only the answer "yes" goes on.
+ */
+export async function confirmOnTerminal (question: string, { yes, what }: { yes: boolean | undefined, what: string }): Promise<void> {
+  if (yes === true) return
+  if (process.stdin.isTTY !== true) {
+    throw new UsageError(`${what} needs a confirmation: run on a terminal to be asked, or add --yes. Nothing was changed.`)
+  }
+  const lines = createInterface({ input: process.stdin, output: process.stderr })
+  const cancel = new AbortController()
+  lines.on('SIGINT', () => { cancel.abort() })
+  try {
+    const answer = await lines.question(`${question} Type "yes" to go on: `, { signal: cancel.signal })
+    if (answer.trim().toLowerCase() !== 'yes') throw new CliError('not confirmed; nothing was changed')
+  } catch (error) {
+    if (cancel.signal.aborted) throw new CliError('cancelled', 130)
+    throw error
+  } finally {
+    lines.close()
+  }
 }
 
 /** All of standard input, less one trailing line break; it must be one non-empty line. */

@@ -2,7 +2,7 @@ import type { Command } from 'commander'
 import { ApiClient, ApiError, type ApiUser } from './http.ts'
 import { CliError, printJson, printLine, printRecord, printTable, cell, UsageError } from './output.ts'
 import { readPassword, type PasswordOptions } from './prompt.ts'
-import { DEFAULT_PRIVILEGES, planRole, PRIVILEGES_HELP, reportRoleChange } from './db-user.ts'
+import { confirmPrivileges, DEFAULT_PRIVILEGES, planRole, PRIVILEGES_HELP, reportRoleChange, YES_HELP } from './db-user.ts'
 import { checkRoleName, connectServiceDb, createRole, dropRole, roleExists, PRIVILEGES } from './pg-role.ts'
 import { registerTransfer } from './transfer.ts'
 import { addFilterOptions, filterQuery, type FilterOptions } from './filters.ts'
@@ -43,6 +43,7 @@ interface CreateOptions extends UserFieldOptions {
   dbUser?: boolean
   dbRole?: string
   privileges: string
+  yes?: boolean
 }
 
 interface UpdateOptions extends UserFieldOptions {
@@ -99,12 +100,14 @@ export function registerUsers (program: Command): void {
     .option('--db-user', 'also create the database role, with the same password')
     .option('--db-role <name>', 'the database role\'s name (default: the username)')
     .option('--privileges <list>', `the database role's privileges, ${PRIVILEGES_HELP}`, DEFAULT_PRIVILEGES)
+    .option('--yes', YES_HELP)
     .option('--json', 'print JSON')
     .action(async (username: string, options: CreateOptions) => {
       const client = ApiClient.fromEnv()
       const roleName = options.dbRole ?? username
       if (options.dbRole !== undefined && options.dbUser !== true) throw new UsageError('--db-role needs --db-user')
       const privileges = options.dbUser === true ? planRole(roleName, options.privileges) : undefined
+      if (privileges !== undefined) await confirmPrivileges(roleName, privileges, options.yes)
       const password = await readPassword(options, { required: options.dbUser === true, confirm: true })
       const body: Record<string, unknown> = { username }
       if (options.email !== undefined) body.email = options.email

@@ -8,11 +8,13 @@ import {
   PostgresDialect,
   SqliteAdapter,
   SqliteDialect,
+  SqliteDriver,
   sql,
   type ColumnType,
   type RawBuilder,
   type PostgresPool,
   type PostgresPoolClient,
+  type DatabaseConnection,
   type SqliteDatabase
 } from 'kysely'
 import type pg from 'pg'
@@ -284,6 +286,12 @@ export interface OidcLoginsTable {
 }
 
 /** A key sent with a write (Idempotency-Key) and, once the write is answered, that answer. */
+/** Migration 0026: the sign-in throttle windows that have recorded their `user.login_throttled`. */
+export interface LoginThrottleWindowsTable {
+  key: string
+  ends_at: Timestamp
+}
+
 export interface IdempotencyKeysTable {
   /** Whose key it is: `api_key:<key id>` or `user:<user id>` (any of the user's sessions). */
   scope: string
@@ -387,6 +395,7 @@ export interface Database {
   oidc_providers: OidcProvidersTable
   oidc_logins: OidcLoginsTable
   idempotency_keys: IdempotencyKeysTable
+  login_throttle_windows: LoginThrottleWindowsTable
   account_tokens: AccountTokensTable
   mail_outbox: MailOutboxTable
   groups: GroupsTable
@@ -419,10 +428,11 @@ export function columnTypes (db: Kysely<any>): { uuid: RawBuilder<unknown>, ts: 
 }
 
 /** Without `sqliteMmapMib`, SQLite reads the file without a memory map (SQLite's own default). */
-export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib' | 'databaseReadPipelines'>>): Db {
+export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib' | 'sqliteWalLimitMib' | 'databaseReadPipelines'>>): Db {
   if (config.databaseUrl.startsWith('sqlite:')) {
+    const walLimitBytes = config.sqliteWalLimitMib !== undefined ? config.sqliteWalLimitMib * 1024 * 1024 : WAL_SIZE_LIMIT_BYTES
     return new Kysely<Database>({
-      dialect: new DirectSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0))
+      dialect: new DirectSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0, walLimitBytes))
     })
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
@@ -495,6 +505,31 @@ class DirectSqliteDialect extends SqliteDialect {
     directSqlite.set(adapter, this.#database)
     return adapter
   }
+
+  override createDriver (): SqliteDriver {
+    return new WalResettingSqliteDriver(this.#database)
+  }
+}
+
+/**
+ * Kysely's driver, which holds the one connection for a statement or a whole
+ * transaction; before it hands the connection out, it lets the checkpointer
+ * empty a WAL that has passed its limit (sqlite-checkpoint.ts). That is the
+ * one moment no transaction is open and nothing else can use the connection.
+ */
+class WalResettingSqliteDriver extends SqliteDriver {
+  readonly #database: OpenSqlite
+  constructor (database: OpenSqlite) {
+    super({ database })
+    this.#database = database
+  }
+
+  override async acquireConnection (): Promise<DatabaseConnection> {
+    const connection = await super.acquireConnection()
+    const reset = this.#database.beforeUse()
+    if (reset !== undefined) await reset
+    return connection
+  }
 }
 
 /**
@@ -528,6 +563,8 @@ export async function queryDirect (db: Kysely<any>, text: string, parameters: re
     if (sqlite.inTransaction()) return undefined
     const statement = sqlite.prepare(text)
     if (statement.reader) return statement.all(parameters)
+    // While the WAL is being emptied the write lock is taken: a write goes through Kysely's driver, which waits for it.
+    if (sqlite.resettingWal()) return undefined
     statement.run(parameters)
     return []
   }
@@ -809,15 +846,22 @@ function discardingStalled (pool: pg.Pool, pipelines: ReadPipelines | undefined,
   }
 }
 
-/** The size SQLite cuts the WAL file back to once it has been checkpointed (Rails's and Hanami's default too). */
+/**
+ * The WAL's limit unless SQLITE_WAL_LIMIT_MIB says otherwise: the size SQLite cuts the WAL file back to once it has
+ * been checkpointed (Rails's and Hanami's default too), and the size past which it is emptied (sqlite-checkpoint.ts).
+ */
 export const WAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
-/** The connection as Kysely's driver takes it, and whether a transaction is open on it. */
+/** The connection as Kysely's driver takes it, whether a transaction is open on it, and its WAL's keeper. */
 interface OpenSqlite extends SqliteDatabase {
   inTransaction: () => boolean
+  /** Checkpointer.beforeUse: to be awaited, when it answers a promise, before the connection is used. */
+  beforeUse: () => Promise<void> | undefined
+  /** True while the WAL is being emptied: nothing may write on the connection. */
+  resettingWal: () => boolean
 }
 
-function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): OpenSqlite {
+function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number, walLimitBytes: number): OpenSqlite {
   const file = path === ':memory:' || path === '' ? ':memory:' : path
   if (file !== ':memory:') mkdirSync(dirname(file), { recursive: true })
   const raw = new Sqlite(file, { timeout: busyTimeoutMs })
@@ -842,10 +886,11 @@ function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): Open
   // SQLite never shrinks the WAL file of its own accord: after a write of more than this (an import, an upgrade's
   // migrations: 1.6 GiB for 0021 to 0024 at 1,000,000 users) the file kept that size for as long as the server ran.
   // With a limit, the first commit after a checkpoint has copied the whole WAL back cuts the file down to it. A
-  // server's WAL is checkpointed at 4 MiB (sqlite-checkpoint.ts), so in steady use it never reaches 64 MiB and this costs nothing.
-  raw.pragma(`journal_size_limit = ${WAL_SIZE_LIMIT_BYTES}`)
+  // server's WAL is checkpointed at 4 MiB (sqlite-checkpoint.ts), so in steady use it never reaches 64 MiB and this
+  // costs nothing. Under writes that never pause, the checkpointer empties the WAL once it passes the limit.
+  raw.pragma(`journal_size_limit = ${walLimitBytes}`)
   // Checkpoints off the event loop: see sqlite-checkpoint.ts. An in-memory database has no WAL.
-  const checkpointer = file === ':memory:' ? undefined : checkpointInBackground(raw, file, busyTimeoutMs)
+  const checkpointer = file === ':memory:' ? undefined : checkpointInBackground(raw, file, busyTimeoutMs, { limitBytes: walLimitBytes })
   // Kysely prepares every statement anew; preparing is a large share of a short query's cost.
   const statements = new Map<string, SqliteStatement>()
   return {
@@ -862,7 +907,9 @@ function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number): Open
       }
       return statement
     },
-    inTransaction: () => raw.inTransaction
+    inTransaction: () => raw.inTransaction,
+    beforeUse: () => checkpointer?.beforeUse(),
+    resettingWal: () => checkpointer?.resetting === true
   }
 }
 

@@ -25,6 +25,7 @@ import * as m0022 from './migrations/0022_user_search_trigram_statistics.ts'
 import * as m0023 from './migrations/0023_user_json_column.ts'
 import * as m0024 from './migrations/0024_user_json_sqlite_column.ts'
 import * as m0025 from './migrations/0025_group_name_key.ts'
+import * as m0026 from './migrations/0026_login_throttle_windows.ts'
 
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
 const migrations: Record<string, Migration> = {
@@ -52,7 +53,8 @@ const migrations: Record<string, Migration> = {
   '0022_user_search_trigram_statistics': m0022,
   '0023_user_json_column': m0023,
   '0024_user_json_sqlite_column': m0024,
-  '0025_group_name_key': m0025
+  '0025_group_name_key': m0025,
+  '0026_login_throttle_windows': m0026
 }
 
 /** This release's migrations, oldest first. */

@@ -4,7 +4,7 @@ import { Nullable, REQUEST_ID_PATTERN, Timestamp, Uuid } from '../lib/openapi.ts
 export const EVENT_TYPES = [
   'user.created', 'user.updated', 'user.deleted',
   'api_key.created', 'api_key.revoked', 'api_key.rotated',
-  'user.login_succeeded', 'user.login_failed', 'user.locked', 'user.unlocked', 'user.password_changed', 'session.ended',
+  'user.login_succeeded', 'user.login_failed', 'user.login_throttled', 'user.locked', 'user.unlocked', 'user.password_changed', 'session.ended',
   'user.mfa_challenged', 'user.mfa_failed', 'user.totp_enrolled', 'user.totp_removed',
   'user.passkey_added', 'user.passkey_renamed', 'user.passkey_removed',
   'user.recovery_codes_generated', 'user.recovery_code_used', 'user.mfa_reset', 'user.reauthenticated', 'user.reauthentication_failed',

@@ -633,11 +633,17 @@ export async function assertRecentAuthentication (deps: MfaDeps, session: { id: 
     : Math.max(new Date(proof.signedInAt).getTime(), proof.reauthenticatedAt === null ? 0 : new Date(proof.reauthenticatedAt).getTime())
   if (now - provedAt <= deps.config.reauthWindowMs) return
   const methods = await reauthMethods(deps, session.userId)
-  const minutes = Math.round(deps.config.reauthWindowMs / 60_000)
   throw new AppError('reauthentication_required', 403,
-    `This change needs a sign-in or re-authentication within the last ${minutes} minutes. ` +
+    `This change needs a sign-in or re-authentication within the last ${windowText(deps.config.reauthWindowMs)}. ` +
     (methods.length > 0 ? 'Re-authenticate (POST /auth/api/me/reauthenticate), then try again.' : 'Sign in again, then try again.'),
     { extensions: { reauthenticate_with: methods } })
+}
+
+/** REAUTH_WINDOW_SECONDS as a person says it: "1 minute", "10 minutes", "90 seconds". */
+function windowText (ms: number): string {
+  const seconds = Math.round(ms / 1000)
+  const [count, unit] = seconds % 60 === 0 ? [seconds / 60, 'minute'] : [seconds, 'second']
+  return `${count} ${unit}${count === 1 ? '' : 's'}`
 }
 
 export interface ReauthProof extends MfaProof {

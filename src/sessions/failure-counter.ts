@@ -8,8 +8,12 @@ export interface Budget {
 
 export type Reservation =
   | { allowed: true }
-  /** The spent budget that keeps the caller out longest; `resetMs` until its window ends. */
-  | { allowed: false, limit: number, resetMs: number }
+  /**
+   * The spent budget that keeps the caller out longest: its key, `resetMs`
+   * until its window ends, and when the window started (epoch ms; the same
+   * for every instance that sees this window, so it names the window).
+   */
+  | { allowed: false, limit: number, resetMs: number, key: string, windowStartedAt: number }
 
 /**
  * Counts failed sign-ins per key in fixed windows that start at the first
@@ -35,8 +39,8 @@ export interface FailureCounter {
 const MEMORY_MAX_KEYS = 100_000
 
 export function memoryFailureCounter (): FailureCounter {
-  const windows = new Map<string, { count: number, resetAt: number }>()
-  const read = (key: string, now: number): { count: number, resetAt: number } | undefined => {
+  const windows = new Map<string, { count: number, resetAt: number, startedAt: number }>()
+  const read = (key: string, now: number): { count: number, resetAt: number, startedAt: number } | undefined => {
     const entry = windows.get(key)
     if (entry !== undefined && entry.resetAt <= now) {
       windows.delete(key)
@@ -48,11 +52,11 @@ export function memoryFailureCounter (): FailureCounter {
     // No await between the check and the count: one turn of the event loop is atomic.
     reserve: async (budgets, windowMs) => {
       const now = Date.now()
-      let worst: { limit: number, resetMs: number } | undefined
+      let worst: { limit: number, resetMs: number, key: string, windowStartedAt: number } | undefined
       for (const { key, limit } of budgets) {
         const entry = read(key, now)
         if (entry !== undefined && entry.count >= limit && (worst === undefined || entry.resetAt - now > worst.resetMs)) {
-          worst = { limit, resetMs: entry.resetAt - now }
+          worst = { limit, resetMs: entry.resetAt - now, key, windowStartedAt: entry.startedAt }
         }
       }
       if (worst !== undefined) return { allowed: false, ...worst }
@@ -60,7 +64,7 @@ export function memoryFailureCounter (): FailureCounter {
         let entry = read(key, now)
         if (entry === undefined) {
           if (windows.size >= MEMORY_MAX_KEYS) windows.delete(windows.keys().next().value!)
-          entry = { count: 0, resetAt: now + windowMs }
+          entry = { count: 0, resetAt: now + windowMs, startedAt: now }
           windows.set(key, entry)
         }
         entry.count += 1
@@ -81,27 +85,36 @@ export function memoryFailureCounter (): FailureCounter {
 
 /**
  * Checks every budget and, only when none is spent, counts one failure in
- * each; the window starts with a key's first count. One script, so Redis runs
- * it as one step however many instances reserve at once.
+ * each; the window starts with a key's first count, and its start (the
+ * caller's clock, ARGV[2]) is kept beside it under `<key>:since`, so every
+ * instance names a window alike. KEYS: the n counters, then their n `:since`
+ * keys. One script, so Redis runs it as one step however many instances
+ * reserve at once.
  */
 const RESERVE = `
+local n = #KEYS / 2
 local worst_ttl = -1
 local worst_limit = 0
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[i + 1])
-  if tonumber(redis.call('GET', key) or '0') >= limit then
-    local ttl = redis.call('PTTL', key)
+local worst = 0
+for i = 1, n do
+  local limit = tonumber(ARGV[i + 2])
+  if tonumber(redis.call('GET', KEYS[i]) or '0') >= limit then
+    local ttl = redis.call('PTTL', KEYS[i])
     if ttl > worst_ttl then
       worst_ttl = ttl
       worst_limit = limit
+      worst = i
     end
   end
 end
-if worst_ttl >= 0 then return {0, worst_limit, worst_ttl} end
-for _, key in ipairs(KEYS) do
-  if redis.call('INCR', key) == 1 then redis.call('PEXPIRE', key, ARGV[1]) end
+if worst_ttl >= 0 then return {0, worst_limit, worst_ttl, worst, redis.call('GET', KEYS[n + worst]) or ''} end
+for i = 1, n do
+  if redis.call('INCR', KEYS[i]) == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    redis.call('SET', KEYS[n + i], ARGV[2], 'PX', ARGV[1])
+  end
 end
-return {1, 0, 0}
+return {1, 0, 0, 0, ''}
 `
 
 /** Never creates a key and never goes below zero, so a late release cannot grant credit in a later window. */
@@ -115,7 +128,7 @@ return 0
 
 declare module 'ioredis' {
   interface RedisCommander<Context> {
-    gatehouseReserveFailures: (...args: Array<string | number>) => Result<[number, number, number], Context>
+    gatehouseReserveFailures: (...args: Array<string | number>) => Result<[number, number, number, number, string], Context>
     gatehouseReleaseFailures: (...args: Array<string | number>) => Result<number, Context>
   }
 }
@@ -129,14 +142,20 @@ export function redisFailureCounter (redis: Redis): FailureCounter {
   }
   return {
     reserve: async (budgets, windowMs) => {
-      const [allowed, limit, resetMs] = await redis.gatehouseReserveFailures(
-        budgets.length, ...budgets.map(b => prefix + b.key), windowMs, ...budgets.map(b => b.limit))
-      return allowed === 1 ? { allowed: true } : { allowed: false, limit, resetMs: Math.max(0, resetMs) }
+      const now = Date.now()
+      const [allowed, limit, resetMs, worst, since] = await redis.gatehouseReserveFailures(
+        budgets.length * 2, ...budgets.map(b => prefix + b.key), ...budgets.map(b => `${prefix}${b.key}:since`),
+        windowMs, now, ...budgets.map(b => b.limit))
+      if (allowed === 1) return { allowed: true }
+      const left = Math.max(0, resetMs)
+      // A window counted before `:since` was kept: its start from its end, to the second, which every instance reads alike but for clock skew.
+      const windowStartedAt = since !== '' ? Number(since) : Math.round((now + left - windowMs) / 1000) * 1000
+      return { allowed: false, limit, resetMs: left, key: budgets[worst - 1]!.key, windowStartedAt }
     },
     release: async (keys) => {
       if (keys.length > 0) await redis.gatehouseReleaseFailures(keys.length, ...keys.map(k => prefix + k))
     },
-    reset: async (key) => { await redis.del(prefix + key) },
+    reset: async (key) => { await redis.del(prefix + key, `${prefix}${key}:since`) },
     close: async () => {}
   }
 }

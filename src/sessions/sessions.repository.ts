@@ -250,3 +250,15 @@ export async function endSessionsRecorded (trx: Db, ctx: RequestContext, userId:
   }
   return ended.length
 }
+
+/**
+ * Takes the key of one account's sign-in throttle window (migration 0026):
+ * true for the one caller, of every instance, that inserted it. Rows of
+ * windows that have ended go first; only a window's first refusal comes here.
+ */
+export async function claimThrottleWindow (trx: Db, key: string, endsAt: string, now: string): Promise<boolean> {
+  await trx.deleteFrom('login_throttle_windows').where('ends_at', '<', now).execute()
+  const inserted = await trx.insertInto('login_throttle_windows').values({ key, ends_at: endsAt })
+    .onConflict(c => c.column('key').doNothing()).executeTakeFirst()
+  return Number(inserted.numInsertedOrUpdatedRows ?? 0) === 1
+}

@@ -1,5 +1,9 @@
+import type { RequestContext } from '../auth/principal.ts'
 import { AppError } from '../errors.ts'
+import { recordEvent } from '../events/events.repository.ts'
+import { nowIso } from '../lib/ids.ts'
 import type { Budget } from './failure-counter.ts'
+import { claimThrottleWindow } from './sessions.repository.ts'
 import type { SessionsDeps } from './sessions.types.ts'
 
 /**
@@ -34,8 +38,12 @@ export function throttleBudgets (deps: Pick<SessionsDeps, 'config'>, account: st
 export async function reserveAttempt (deps: Pick<SessionsDeps, 'failures' | 'config'>, budgets: Budget[]): Promise<void> {
   const reservation = await deps.failures.reserve(budgets, deps.config.loginFailureWindowMs)
   if (reservation.allowed) return
+  throw throttled(reservation)
+}
+
+function throttled (reservation: { limit: number, resetMs: number }): AppError {
   const retryAfter = Math.max(1, Math.ceil(reservation.resetMs / 1000))
-  throw new AppError('rate_limited', 429, 'Too many failed sign-ins; wait before trying again.', {
+  return new AppError('rate_limited', 429, 'Too many failed sign-ins; wait before trying again.', {
     headers: {
       'Retry-After': String(retryAfter),
       'RateLimit-Limit': String(reservation.limit),
@@ -43,4 +51,45 @@ export async function reserveAttempt (deps: Pick<SessionsDeps, 'failures' | 'con
       'RateLimit-Reset': String(retryAfter)
     }
   })
+}
+
+/** A throttled sign-in, as its `user.login_throttled` event tells it. */
+export interface ThrottledSignIn {
+  ctx: RequestContext
+  /** The budget's account: `user:<id>`, or `name:<identifier>` when it names nobody. */
+  account: string
+  target: { type: 'user', id: string } | null
+  identifier: string
+}
+
+/** Windows this instance has already recorded, so repeats within one cost no write; the database's key decides between instances. */
+const recordedWindows = new Map<string, number>()
+const RECORDED_MAX = 10_000
+
+/**
+ * As reserveAttempt, for a password sign-in; a refusal also records
+ * `user.login_throttled`, once per account and throttle window (PRODUCT.md
+ * §17): the audit trail shows the brute force without a row per guess. The
+ * window is the spent budget's, named by its start, which the failure
+ * counter keeps (in Redis, for every instance), and the first refusal's
+ * insert of `<account>|<budget>|<start>` is the one that records.
+ */
+export async function reserveSignInAttempt (deps: Pick<SessionsDeps, 'failures' | 'config' | 'db'>, budgets: Budget[], attempt: ThrottledSignIn): Promise<void> {
+  const reservation = await deps.failures.reserve(budgets, deps.config.loginFailureWindowMs)
+  if (reservation.allowed) return
+  const windowKey = `${attempt.account}|${reservation.key}|${reservation.windowStartedAt}`
+  if (!recordedWindows.has(windowKey)) {
+    const endsAt = new Date(reservation.windowStartedAt + deps.config.loginFailureWindowMs).toISOString()
+    await deps.db.transaction().execute(async trx => {
+      if (!await claimThrottleWindow(trx, windowKey, endsAt, nowIso())) return
+      await recordEvent(trx, attempt.ctx, 'user.login_throttled', attempt.target, {
+        identifier: attempt.identifier.slice(0, 254),
+        throttled_by: reservation.key.startsWith('addr:') ? 'address' : 'account',
+        window_ends_at: endsAt
+      })
+    })
+    if (recordedWindows.size >= RECORDED_MAX) recordedWindows.clear()
+    recordedWindows.set(windowKey, Date.parse(endsAt))
+  }
+  throw throttled(reservation)
 }

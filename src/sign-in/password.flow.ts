@@ -11,7 +11,7 @@ import { openSignInChallenge, secondFactorNeeded, type MfaPending } from '../mfa
 import { isDeviceOf } from '../sessions/device-trust.ts'
 import { countFailedSignIn, findUsersBySignInKey, hasSignedInFrom, lockAccount } from '../sessions/sessions.repository.ts'
 import { invalidCredentials, openSession } from '../sessions/sessions.service.ts'
-import { reserveAttempt, signInKey, throttleBudgets } from '../sessions/throttle.ts'
+import { reserveSignInAttempt, signInKey, throttleBudgets } from '../sessions/throttle.ts'
 import type { SessionsDeps, SignIn, SignInContext, SignInOpening } from '../sessions/sessions.types.ts'
 import { findPasswordHashForUpdate, findTakenKeys, findUserById } from '../users/users.repository.ts'
 import { createUserRecorded, changeUserRecorded, newUserRow } from '../users/users.lifecycle.ts'
@@ -104,8 +104,9 @@ export async function signIn (deps: SessionsDeps, ctx: SignInContext, identifier
   // A username match wins over someone else's email that happens to read the same.
   const local = candidates.find(u => u.username_key === key) ?? candidates[0]
   const viaDirectory = ldap !== undefined && (local === undefined || await findIdentityOfUser(deps.db, local.id, LDAP_PROVIDER) !== undefined)
-  const budgets = throttleBudgets(deps, local !== undefined ? `user:${local.id}` : `name:${key}`, ip)
-  await reserveAttempt(deps, budgets)
+  const account = local !== undefined ? `user:${local.id}` : `name:${key}`
+  const budgets = throttleBudgets(deps, account, ip)
+  await reserveSignInAttempt(deps, budgets, { ctx, account, target: local !== undefined ? { type: 'user', id: local.id } : null, identifier })
   let check: CredentialCheck
   try {
     check = viaDirectory ? await checkDirectory(deps, ldap!, ctx, local, identifier, password) : await checkLocal(deps, local, password)
