@@ -9,6 +9,7 @@ import { registerGroups } from './groups.ts'
 import { registerKeys } from './keys.ts'
 import { registerWebhooks } from './webhooks.ts'
 import { registerDbUser } from './db-user.ts'
+import { registerBackup } from './backup.ts'
 import { RELEASE } from '../system/release.ts'
 
 /** Exit codes: 0 done, 1 it failed, 2 it was called wrongly (unknown option, missing setting, bad value). */
@@ -24,7 +25,7 @@ export function buildProgram (): Command {
 Environment:
   GATEHOUSE_URL         the running service, for users, groups, keys and webhooks (default ${DEFAULT_URL})
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
-  DATABASE_URL          the service's own database, for serve, migrate and admin create
+  DATABASE_URL          the service's own database, for serve, migrate, admin create, backup and restore
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
   COLUMNS               the width tables fit (default: the terminal's; piped, as wide as the values)
 
@@ -33,6 +34,7 @@ Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
     .exitOverride()
     .configureOutput({ outputError: (text, write) => write(text) })
   registerLocal(program)
+  registerBackup(program)
   registerUsers(program)
   registerGroups(program)
   registerKeys(program)

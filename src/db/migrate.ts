@@ -95,8 +95,21 @@ async function createSchema (db: Db, schema: string | undefined): Promise<void> 
   }
 }
 
-function migratorOf (db: Db, schema: string | undefined): Migrator {
+/**
+ * As migrateTo, on a handle whose one connection is already inside a
+ * transaction that the caller commits or rolls back: the migrator opens none
+ * of its own. gatehouse restore runs the migrations and loads the rows in one
+ * PostgreSQL transaction, so a restore that fails leaves nothing behind.
+ */
+export async function migrateToInTransaction (db: Db, target: string, schema?: string): Promise<string[]> {
+  if (!(target in migrations)) throw new Error(`no migration is named ${target}`)
+  await createSchema(db, schema)
+  return succeeded(await migratorOf(db, schema, { disableTransactions: true }).migrateTo(target))
+}
+
+function migratorOf (db: Db, schema: string | undefined, options: { disableTransactions?: boolean } = {}): Migrator {
   return new Migrator({
+    ...options,
     db: isPostgres(db) ? withSchemaIntrospection(db, schema) : db,
     provider: { getMigrations: async () => migrations },
     // Without this the migrator finds its bookkeeping tables in any schema and skips creating them in ours.
