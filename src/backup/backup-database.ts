@@ -3,7 +3,7 @@ import type pg from 'pg'
 import { isoFromTimestamptz, type DialectName } from '../db/database.ts'
 import { loadPg } from '../db/pg-driver.ts'
 import { Sqlite } from '../db/sqlite-binding.ts'
-import { BACKUP_TABLES, type BackupTable, type ColumnKind } from './backup-tables.ts'
+import { BACKUP_TABLES, isSearchIndexTable, TABLES_BY_NAME, UNSAVED_TABLES, type BackupTable, type ColumnKind } from './backup-tables.ts'
 
 /**
  * The two databases as the backup reads and the restore writes them: one
@@ -86,6 +86,9 @@ export async function describe (connection: Connection): Promise<{ migrations: s
   const migrations = connection.dialect === 'sqlite'
     ? connection.sqlite.prepare('select name from kysely_migration order by name').pluck().all() as string[]
     : (await connection.client.query<{ name: string }>('select name from kysely_migration order by name')).rows.map(r => r.name)
+  // sqlite_* are SQLite's own (sqlite_stat1 after ANALYZE, sqlite_sequence).
+  const strangers = [...columns.keys()].filter(name => !TABLES_BY_NAME.has(name) && !UNSAVED_TABLES.has(name) && !isSearchIndexTable(name) && !name.startsWith('sqlite_'))
+  if (strangers.length > 0) throw new BackupDatabaseError(`the database has tables this gatehouse does not know (${strangers.sort().join(', ')}): use the gatehouse release that made them`)
   const tables: PresentTable[] = []
   for (const table of BACKUP_TABLES) {
     const present = columns.get(table.name)

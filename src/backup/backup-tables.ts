@@ -82,7 +82,7 @@ export const BACKUP_TABLES: readonly BackupTable[] = [
   {
     name: 'groups',
     primaryKey: ['id'],
-    columns: { id: U, display_name: T, external_id: T, version: I, created_at: TS, updated_at: TS }
+    columns: { id: U, display_name: T, name_key: T, external_id: T, version: I, created_at: TS, updated_at: TS }
   },
   {
     name: 'group_members',
@@ -322,7 +322,18 @@ export const BACKUP_TABLES: readonly BackupTable[] = [
   }
 ]
 
-/** Tables of the schema that hold no data of their own (see above): a database holding any other table is not one this release knows. */
-export const UNSAVED_TABLES: ReadonlySet<string> = new Set(['kysely_migration', 'kysely_migration_lock', 'users_page_stamp'])
+/**
+ * Tables of the schema that hold no data of their own (see above), and
+ * `login_throttle_windows`, which only marks which sign-in throttle windows
+ * have recorded their event (a restored service starts new windows). A
+ * database holding any other table is not one this release knows, and its
+ * backup is refused.
+ */
+export const UNSAVED_TABLES: ReadonlySet<string> = new Set(['kysely_migration', 'kysely_migration_lock', 'users_page_stamp', 'login_throttle_windows'])
+
+/** SQLite's full-text index of users (migration 0019) and the shadow tables FTS5 keeps for it. */
+export function isSearchIndexTable (name: string): boolean {
+  return name === 'users_search' || name.startsWith('users_search_')
+}
 
 export const TABLES_BY_NAME: ReadonlyMap<string, BackupTable> = new Map(BACKUP_TABLES.map(table => [table.name, table]))
