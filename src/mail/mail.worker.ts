@@ -10,7 +10,7 @@ import { publicBase, publicLink } from '../lib/public-url.ts'
 import { databaseMailKey, mailKeyOf, onMailQueued, openPayload, sealPayload, type MailRequest } from './mail.outbox.ts'
 import { PollingLoop } from '../lib/polling-loop.ts'
 import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
-import { TemplateError, type MailTemplates } from './mail.templates.ts'
+import { TemplateError, withReadableTimes, type MailTemplates } from './mail.templates.ts'
 import { SecretBoxError } from '../mfa/secret-box.ts'
 
 export type MailWorkerSettings = Pick<Config,
@@ -226,7 +226,7 @@ export class MailWorker {
       try {
         const { to, data } = openPayload(keys, mail.id, mail.payload)
         const rendered = this.#templates.render(mail.template, {
-          ...data,
+          ...withReadableTimes(data),
           product_name: this.#settings.productName,
           public_url: publicBase(this.#settings),
           account_url: publicLink(this.#settings, '/account')
