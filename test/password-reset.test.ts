@@ -63,7 +63,7 @@ for (const dialect of dialects()) {
       assert.equal(await outcomeOf(t, res.headers['x-request-id'] as string), 'mailed')
       const { link, text } = await resetMail(user.email)
       assert.ok(link.startsWith(`${PUBLIC_URL}/reset-password?token=ght_`), link)
-      assert.match(text, /until \d{4}-\d\d-\d\dT/)
+      assert.match(text, /until \d{1,2} [A-Z][a-z]+ \d{4}, \d{2}:\d{2} UTC/)
       const path = `/auth/reset-password?token=${tokenOf(link)}`
       for (const method of ['HEAD', 'GET'] as const) {
         const page = await t.app.inject({ method, url: path })
@@ -107,6 +107,42 @@ for (const dialect of dialects()) {
       assert.equal(late.json().code, 'token_invalid')
     })
 
+    it('writes the link\'s expiry in the mail in words, and an expired link\'s page says when it expired and how to get a new one', async () => {
+      const user = await createUser(t)
+      await outcomeOf(t, (await requestReset(t, { email: user.email })).headers['x-request-id'] as string)
+      const { link, text } = await resetMail(user.email)
+      const row = await t.app.db.selectFrom('account_tokens').select('expires_at').where('user_id', '=', user.id).where('used_at', 'is', null).executeTakeFirstOrThrow()
+      const expiresAt = new Date(row.expires_at)
+      const months = ['January', 'February', 'March', 'April', 'May', 'June', 'July', 'August', 'September', 'October', 'November', 'December']
+      const inWords = `${expiresAt.getUTCDate()} ${months[expiresAt.getUTCMonth()]} ${expiresAt.getUTCFullYear()}, ${String(expiresAt.getUTCHours()).padStart(2, '0')}:${String(expiresAt.getUTCMinutes()).padStart(2, '0')} UTC`
+      assert.ok(text.replace(/\s+/g, ' ').includes(`until ${inWords}.`), text)
+      assert.doesNotMatch(text, /\d{4}-\d{2}-\d{2}T/)
+      const path = `/auth/reset-password?token=${tokenOf(link)}`
+      const live = await t.app.inject({ url: path })
+      assert.equal(live.statusCode, 200)
+
+      const past = new Date(Date.now() - 90_000)
+      await t.app.db.updateTable('account_tokens').set({ expires_at: past.toISOString() }).where('user_id', '=', user.id).execute()
+      const expired = await t.app.inject({ url: path })
+      assert.equal(expired.statusCode, 400)
+      assert.match(expired.body, /This link expired on \d{1,2} [A-Z][a-z]+ \d{4}, \d{2}:\d{2} UTC\. Ask for a new one/)
+      assert.match(expired.body, /href="\/auth\/forgot-password"/)
+      const posted = await t.app.inject({ method: 'POST', url: '/auth/reset-password', headers: { origin: 'http://localhost:80', 'content-type': 'application/x-www-form-urlencoded' }, payload: new URLSearchParams({ token: tokenOf(link), password: NEW_PASSWORD, confirm: NEW_PASSWORD }).toString() })
+      assert.equal(posted.statusCode, 400, posted.body)
+      assert.match(posted.body, /This link expired on /)
+    })
+
+    it('keeps one message for a used link, saying nothing of expiry', async () => {
+      const user = await createUser(t)
+      await outcomeOf(t, (await requestReset(t, { email: user.email })).headers['x-request-id'] as string)
+      const { link } = await resetMail(user.email)
+      const done = await t.app.inject({ method: 'POST', url: '/auth/api/password-resets/complete', payload: { token: tokenOf(link), new_password: NEW_PASSWORD } })
+      assert.equal(done.statusCode, 204, done.body)
+      const used = await t.app.inject({ url: `/auth/reset-password?token=${tokenOf(link)}` })
+      assert.equal(used.statusCode, 400)
+      assert.match(used.body, /This link does not work: it was used, replaced by a newer one, or has expired\./)
+    })
+
     it('answers unknown, disabled and single-sign-on-only accounts alike, and mails none of them', async () => {
       const disabled = await createUser(t, { disabled: true })
       const ssoOnly = await createUser(t, { password_sign_in: false })
@@ -147,7 +183,8 @@ for (const dialect of dialects()) {
       const user = await createUser(t)
       const res = await t.app.inject({ method: 'POST', url: `/auth/api/users/${user.id}/password-reset`, headers: auth(t.adminKey) })
       assert.equal(res.statusCode, 200, res.body)
-      assert.deepEqual(Object.keys(res.json()).sort(), ['expires_at', 'mailed'])
+      assert.deepEqual(Object.keys(res.json()).sort(), ['delivery', 'expires_at', 'mailed'])
+      assert.equal(res.json().delivery, 'queued')
       assert.equal(res.json().mailed, true)
       const { link } = await resetMail(user.email)
       assert.equal((await t.app.inject({ method: 'POST', url: '/auth/api/password-resets/complete', payload: { token: tokenOf(link), new_password: NEW_PASSWORD } })).statusCode, 204)

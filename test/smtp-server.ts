@@ -47,13 +47,14 @@ export class SmtpTestServer {
   #port = 0
   readonly #stalled: Array<() => void> = []
 
-  private constructor (certificate: string, key: string) {
+  private constructor (certificate: string, key: string, startTls: boolean) {
     this.certificate = certificate
     this.#server = new SMTPServer({
       key,
       cert: certificate,
       authOptional: true,
-      disabledCommands: ['AUTH'],
+      // Without STARTTLS: a server that offers no TLS at all, which SMTP_REQUIRE_TLS refuses.
+      disabledCommands: startTls ? ['AUTH'] : ['AUTH', 'STARTTLS'],
       logger: false,
       size: 1024 * 1024,
       onConnect: (_session, callback) => {
@@ -82,7 +83,8 @@ export class SmtpTestServer {
     this.#server.on('error', () => {})
   }
 
-  static async start (): Promise<SmtpTestServer> {
+  /** `startTls: false` makes a server that does not offer STARTTLS. */
+  static async start (options: { startTls?: boolean } = {}): Promise<SmtpTestServer> {
     const pems = await selfsigned.generate([{ name: 'commonName', value: 'localhost' }], {
       keyType: 'ec',
       algorithm: 'sha256',
@@ -93,7 +95,7 @@ export class SmtpTestServer {
         { name: 'subjectAltName', altNames: [{ type: 2, value: 'localhost' }, { type: 7, ip: '127.0.0.1' }] }
       ]
     })
-    const server = new SmtpTestServer(pems.cert, pems.private)
+    const server = new SmtpTestServer(pems.cert, pems.private, options.startTls !== false)
     await new Promise<void>((resolve, reject) => {
       server.#server.server.once('error', reject)
       server.#server.listen(0, '127.0.0.1', () => { resolve() })

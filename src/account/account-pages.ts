@@ -10,7 +10,8 @@ import { acceptInvitation } from '../sign-in/invitation.flow.ts'
 import { completePasswordReset, requestPasswordReset, type PasswordResetsDeps } from '../password-resets/password-resets.service.ts'
 import { PASSWORD_RESET_ACCEPTED_TEXT } from '../password-resets/password-resets.schemas.ts'
 import { confirmEmail, type EmailVerificationDeps } from '../email-verification/email-verification.service.ts'
-import { findLiveToken, type AccountTokenPurpose, type TokenProof } from '../tokens/tokens.repository.ts'
+import { findExpiredToken, findLiveToken, type AccountTokenPurpose, type TokenProof } from '../tokens/tokens.repository.ts'
+import { humanTime } from '../lib/human-time.ts'
 import { findUserById } from '../users/users.repository.ts'
 import type { AccountDeps } from './account.routes.ts'
 
@@ -81,6 +82,26 @@ export default async function accountPages (app: FastifyTypeBox, deps: AccountDe
     return user !== undefined ? { username: user.username, email: row!.email ?? user.email } : undefined
   }
 
+  /*
+   * What a link that ran out says: when, and how to get a new one. Only its
+   * holder has the link, so saying it expired tells them nothing new; a used,
+   * replaced or revoked link keeps the one message that does not tell which.
+   */
+  const NEW_LINK: Record<AccountTokenPurpose, string> = {
+    invitation: 'Ask your administrator to send you a new invitation.',
+    password_reset: 'Ask for a new one: choose "Forgot password?" on the sign-in page.',
+    email_verification: 'Ask for a new one from your account page.'
+  }
+  const refusedLink = async (token: string | undefined, purpose: AccountTokenPurpose, otherwise: string): Promise<string> => {
+    const expired = token !== undefined ? await findExpiredToken(deps.db, token, purpose) : undefined
+    if (expired === undefined) return otherwise
+    const what = purpose === 'invitation' ? 'This invitation' : 'This link'
+    return `${what} expired on ${humanTime(expired.expires_at)}. ${NEW_LINK[purpose]}`
+  }
+  /** A refusal shown on a link's page: an expired token says so, anything else as it is. */
+  const refusalText = async (token: string | undefined, purpose: AccountTokenPurpose, shown: AppError): Promise<string> =>
+    shown.code === 'token_invalid' ? await refusedLink(token, purpose, shown.detail) : shown.detail
+
   const refusal = (reply: FastifyReply, error: AppError): void => {
     for (const [name, value] of Object.entries(error.headers)) reply.header(name, value)
   }
@@ -98,7 +119,8 @@ ${token !== undefined
     const token = queryToken(request)
     const holder = await linked(token, 'invitation')
     if (token !== undefined && holder === undefined) {
-      return send(reply, 400, page('Accept your invitation', invitationForm(undefined, undefined), { error: 'This invitation link does not work: it was used, replaced by a newer one, revoked, or has expired. Type the code from the newest mail, or ask your administrator to send the invitation again.' }))
+      const error = await refusedLink(token, 'invitation', 'This invitation link does not work: it was used, replaced by a newer one, revoked, or has expired. Type the code from the newest mail, or ask your administrator to send the invitation again.')
+      return send(reply, 400, page('Accept your invitation', invitationForm(undefined, undefined), { error }))
     }
     return send(reply, 200, page('Accept your invitation', invitationForm(holder !== undefined ? token : undefined, holder?.username)))
   })
@@ -122,7 +144,7 @@ ${token !== undefined
     } catch (error) {
       const shown = shownError(error)
       refusal(reply, shown)
-      return await again(shown.status, shown.detail)
+      return await again(shown.status, await refusalText(token, 'invitation', shown))
     }
   })
 
@@ -168,7 +190,8 @@ ${token !== undefined
     const token = queryToken(request)
     const holder = await linked(token, 'password_reset')
     if (token !== undefined && holder === undefined) {
-      return send(reply, 400, page('Choose a new password', resetForm(undefined, undefined) + `<p><a href="${basePath}/forgot-password">Ask for a new link</a></p>\n`, { error: 'This link does not work: it was used, replaced by a newer one, or has expired. Ask for a new one.' }))
+      const error = await refusedLink(token, 'password_reset', 'This link does not work: it was used, replaced by a newer one, or has expired. Ask for a new one.')
+      return send(reply, 400, page('Choose a new password', resetForm(undefined, undefined) + `<p><a href="${basePath}/forgot-password">Ask for a new link</a></p>\n`, { error }))
     }
     return send(reply, 200, page('Choose a new password', resetForm(holder !== undefined ? token : undefined, holder?.username)))
   })
@@ -189,7 +212,7 @@ ${token !== undefined
     } catch (error) {
       const shown = shownError(error)
       refusal(reply, shown)
-      return await again(shown.status, shown.detail)
+      return await again(shown.status, await refusalText(token, 'password_reset', shown))
     }
     return send(reply, 200, page('Password changed', `<p id="done">Your new password is set, and every earlier session has ended.</p>\n<p><a href="${basePath}/login">Sign in</a></p>\n`))
   })
@@ -207,7 +230,8 @@ ${token !== undefined
     const token = queryToken(request)
     const holder = await linked(token, 'email_verification')
     if (token !== undefined && holder === undefined) {
-      return send(reply, 400, page('Confirm your address', verifyForm(undefined, undefined), { error: 'This link does not work: it was used, replaced by a newer one, or has expired. Ask for a new one from your account page.' }))
+      const error = await refusedLink(token, 'email_verification', 'This link does not work: it was used, replaced by a newer one, or has expired. Ask for a new one from your account page.')
+      return send(reply, 400, page('Confirm your address', verifyForm(undefined, undefined), { error }))
     }
     return send(reply, 200, page('Confirm your address', verifyForm(holder !== undefined ? token : undefined, holder)))
   })
@@ -227,7 +251,7 @@ ${token !== undefined
     } catch (error) {
       const shown = shownError(error)
       refusal(reply, shown)
-      return await again(shown.status, shown.detail)
+      return await again(shown.status, await refusalText(token, 'email_verification', shown))
     }
   })
 }

@@ -10,6 +10,7 @@ import { registerKeys } from './keys.ts'
 import { registerWebhooks } from './webhooks.ts'
 import { registerDbUser } from './db-user.ts'
 import { registerBackup } from './backup.ts'
+import { registerMail } from './mail.ts'
 import { RELEASE } from '../system/release.ts'
 
 /** Exit codes: 0 done, 1 it failed, 2 it was called wrongly (unknown option, missing setting, bad value). */
@@ -27,6 +28,7 @@ Environment:
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
   DATABASE_URL          the service's own database, for serve, migrate, admin create, backup and restore
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
+  SMTP_URL, MAIL_FROM   outgoing mail, for mail test (and serve)
   COLUMNS               the width tables fit (default: the terminal's; piped, as wide as the values)
 
 Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
@@ -40,6 +42,7 @@ Exit codes: 0 done, 1 failed, 2 wrong usage. Details: docs/cli.md`)
   registerKeys(program)
   registerWebhooks(program)
   registerDbUser(program)
+  registerMail(program)
   return program
 }
 

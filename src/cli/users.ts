@@ -17,7 +17,7 @@ function positiveInt (value: string): number {
 }
 
 /** What the service answers for an invitation or an issued reset link (the Invitation and PasswordResetLink schemas). */
-interface ApiInvitation { mailed: boolean, expires_at: string, url?: string, code?: string }
+interface ApiInvitation { delivery: 'queued' | 'not_sent', mailed: boolean, expires_at: string, url?: string, code?: string }
 
 function userRows (users: ApiUser[]): string[][] {
   return users.map(u => [u.id, u.username, cell(u.email), [u.first_name, u.last_name].filter(Boolean).join(' '), u.role, cell(u.groups), u.disabled ? 'yes' : ''])
@@ -199,8 +199,8 @@ export function registerUsers (program: Command): void {
         return
       }
       printLine(`${options.resend === true ? 'Sent a new invitation to' : 'Invited'} ${user.username} (${user.id})`)
-      if (invitation.mailed) {
-        printLine(`Mailed to ${user.email ?? ''}; the link works once, until ${invitation.expires_at}`)
+      if (invitation.delivery === 'queued') {
+        printLine(`Queued for mailing to ${user.email ?? ''} (the service's outbox sends it; /auth/readyz checks.mail says whether mail goes out); the link works once, until ${invitation.expires_at}`)
       } else {
         printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${invitation.expires_at}:`)
         printLine(invitation.url ?? '')
@@ -218,8 +218,8 @@ export function registerUsers (program: Command): void {
       const link = (await client.request<ApiInvitation>('POST', `/api/users/${user.id}/password-reset`)).body
       if (options.json === true) {
         printJson({ user: { id: user.id, username: user.username, email: user.email }, password_reset: link })
-      } else if (link.mailed) {
-        printLine(`Mailed a password-reset link to ${user.username} at ${user.email ?? ''}; it works once, until ${link.expires_at}`)
+      } else if (link.delivery === 'queued') {
+        printLine(`Queued a password-reset link for mailing to ${user.username} at ${user.email ?? ''}; it works once, until ${link.expires_at}`)
       } else {
         printLine(`No mail is sent by this service: hand this link to ${user.username}. It works once, until ${link.expires_at}:`)
         printLine(link.url ?? '')

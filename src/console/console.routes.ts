@@ -20,6 +20,8 @@ import { GroupIdParams, GroupMemberParams } from '../groups/groups.schemas.ts'
 import { addMembers, createGroup, deleteGroupById, getGroup, listGroupsPage, listMembersPage, removeMember, updateGroupById } from '../groups/groups.service.ts'
 import { findUserById, pageString, type PageText } from '../users/users.repository.ts'
 import { findProvisioningOf } from '../scim/scim.repository.ts'
+import { mailAlert, mailPages, mailStateOf } from './mail-status.ts'
+import { findInvitationMail } from '../mail/mail.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
 import {
   createWebhook,
@@ -127,10 +129,10 @@ const NOTICES: Record<string, string> = {
   'webhook-disabled': 'Endpoint disabled: nothing is sent to it; new events still queue for it.',
   retried: 'Delivery queued: it is sent again shortly.',
   'mfa-reset': 'Second factor reset: the authenticator app, passkeys and recovery codes are removed.',
-  invited: 'User created and invited: the invitation was mailed to them.',
-  'invitation-sent': 'Invitation sent again: the earlier link and code stopped working.',
+  invited: 'User created and invited: the invitation is queued for mailing to them; its delivery shows below.',
+  'invitation-sent': 'A new invitation is queued for mailing: the earlier link and code stopped working.',
   'invitation-revoked': 'Invitation revoked: its link and code stopped working. Resend it, or delete the user.',
-  'reset-sent': 'A password-reset link was mailed to the user; the earlier one stopped working.',
+  'reset-sent': 'A password-reset link is queued for mailing to the user; the earlier one stopped working.',
   'group-created': 'Group created.',
   'group-renamed': 'Group renamed: every member\'s groups hold the new name.',
   'member-added': 'Member added.',
@@ -143,6 +145,8 @@ const EVENT_PARTY_ID = /^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-
 declare module 'fastify' {
   interface FastifyRequest {
     consoleUser?: string
+    /** The mail banner's state for this page (mail-status.ts); undefined without SMTP. */
+    consoleMail?: { alert: SafeHtml | undefined }
   }
 }
 
@@ -152,9 +156,10 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   const admin = `${base}/admin`
   const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config), invitations: app.config }
   app.decorateRequest('consoleUser', undefined)
+  app.decorateRequest('consoleMail', undefined)
 
   const viewOf = (request: FastifyRequest, notice?: SafeHtml | string): ViewContext =>
-    ({ base, username: request.consoleUser, notice })
+    ({ base, username: request.consoleUser, notice, mail: request.consoleMail })
 
   const sendPage = (reply: FastifyReply, status: number, page: string): FastifyReply => sendHtmlPage(reply, status, page, CSP)
 
@@ -194,11 +199,20 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
       return await sendPage(reply, 403, notAdminPage(viewOf(request), principal.user?.username ?? '', storedRole === 'admin'))
     }
     request.consoleUser = principal.user.username
+    if (app.mail !== undefined) request.consoleMail = { alert: mailAlert(base, await mailStateOf(app.db, app.mail)) }
   })
 
   const hidden = { hide: true }
   const formPost = { config: { accepts: FORM } }
 
+  if (app.mail !== undefined) {
+    await app.register(mailPages, {
+      worker: app.mail,
+      viewOf,
+      sendPage,
+      ownAddress: async (request) => (await findUserById(app.db, request.principal!.userId!))?.email ?? ''
+    })
+  }
   app.get('/admin/assets/console.css', { schema: hidden }, async (_request, reply) => await reply.type('text/css; charset=utf-8').send(CSS))
   app.get('/admin/assets/console.js', { schema: hidden }, async (_request, reply) => await reply.type('text/javascript; charset=utf-8').send(JS))
   app.get('/admin', { schema: hidden }, async (_request, reply) => await seeOther(reply, `${admin}/users`))
@@ -227,8 +241,9 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
       findProvisioningOf(app.db, id)
     ])
     const eventNames = await partyNamesOf(app.db, events.events)
+    const invitationMail = user.invitation_pending && app.mail !== undefined ? await findInvitationMail(app.db, id) ?? null : undefined
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning, invitationMail, ...extra
     }))
   }
 

@@ -5,6 +5,7 @@ import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import type { PartyNames } from '../events/events.service.ts'
 import type { EnterpriseFacts } from '../scim/scim.repository.ts'
+import type { MailRow } from '../mail/mail.repository.ts'
 import type { MfaStatus } from '../mfa/mfa.schemas.ts'
 import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts'
@@ -20,16 +21,18 @@ export interface ViewContext {
   username: string | undefined
   /** A sentence to show at the top of the page (a finished action). */
   notice?: SafeHtml | string | undefined
+  /** With SMTP configured: the Mail page is in the menu, and a banner says when mail is not going out (mail-status.ts). */
+  mail?: { alert: SafeHtml | undefined } | undefined
 }
 
-type Section = 'users' | 'groups' | 'api-keys' | 'events' | 'webhooks' | undefined
+type Section = 'users' | 'groups' | 'api-keys' | 'events' | 'webhooks' | 'mail' | undefined
 
 export function layout (ctx: ViewContext, title: string, section: Section, body: SafeHtml): string {
   const admin = `${ctx.base}/admin`
   const link = (href: string, name: string, key: Section): SafeHtml =>
     html`<li><a href="${href}"${section === key ? html` aria-current="page"` : ''}>${name}</a></li>`
   const header = ctx.username !== undefined
-    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/groups`, 'Groups', 'groups')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}</ul></nav>
+    ? html`<nav aria-label="Console"><ul>${link(`${admin}/users`, 'Users', 'users')}${link(`${admin}/groups`, 'Groups', 'groups')}${link(`${admin}/api-keys`, 'API keys', 'api-keys')}${link(`${admin}/events`, 'Events', 'events')}${link(`${admin}/webhooks`, 'Webhooks', 'webhooks')}${ctx.mail !== undefined ? link(`${admin}/mail`, 'Mail', 'mail') : ''}</ul></nav>
 <div class="who"><span>Signed in as <strong>${ctx.username}</strong></span>
 <a href="${ctx.base}/account">Account security</a>
 <form method="post" action="${ctx.base}/logout"><button type="submit">Sign out</button></form></div>`
@@ -48,7 +51,7 @@ export function layout (ctx: ViewContext, title: string, section: Section, body:
 <a class="skip" href="#main">Skip to content</a>
 <header class="top"><a class="brand" href="${admin}">gatehouse admin</a>${header}</header>
 <main id="main" tabindex="-1">
-${notice}${body}
+${ctx.mail?.alert ?? ''}${notice}${body}
 </main>
 <div id="live" class="visually-hidden" aria-live="polite"></div>
 </body>
@@ -219,6 +222,8 @@ export interface UserView {
   /** Why an action was refused (the last-admin rule), shown above the actions. */
   blocked?: string | undefined
   created?: boolean
+  /** With SMTP, a pending user's newest invitation mail as the outbox has it; null when none was queued. */
+  invitationMail?: InvitationMail | null | undefined
   /** An invitation just issued and not mailed: its link and code, shown this once to hand over. */
   invitation?: { url: string, code: string, expires_at: string } | undefined
   /** A password-reset link just issued and not mailed, shown this once. */
@@ -292,6 +297,18 @@ export function eventsTable (ctx: ViewContext, events: Event[], caption: string,
 </tr>`)}</tbody></table></div>`
 }
 
+type InvitationMail = Pick<MailRow, 'status' | 'attempts' | 'last_error' | 'created_at' | 'finished_at' | 'next_attempt_at'>
+
+/** Where the invitation's mail is: waiting (with the last failure), sent, or given up. */
+function invitationDelivery (mail: InvitationMail | null): SafeHtml {
+  if (mail === null) return html`<p id="invitation-delivery">No invitation mail was queued (the user has no address, or it was issued without mail).</p>`
+  const iso = (value: Date | string | null): string | null => value === null ? null : new Date(value).toISOString()
+  if (mail.status === 'sent') return html`<p id="invitation-delivery">The invitation mail was sent ${date(iso(mail.finished_at))}.</p>`
+  if (mail.status === 'failed') return html`<p class="warning" id="invitation-delivery">The invitation mail was given up ${date(iso(mail.finished_at))} after ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'}: <code>${mail.last_error ?? 'no reason recorded'}</code>. Resend it once mail works.</p>`
+  if (mail.last_error === null) return html`<p id="invitation-delivery">The invitation mail is queued since ${date(iso(mail.created_at))}, not sent yet.</p>`
+  return html`<p class="warning" id="invitation-delivery">The invitation mail is not sent yet: ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'} failed, the last with <code>${mail.last_error}</code>; the next is ${date(iso(mail.next_attempt_at))}.</p>`
+}
+
 export function userPage (ctx: ViewContext, view: UserView): string {
   const { user } = view
   const url = `${ctx.base}/admin/users/${user.id}`
@@ -322,6 +339,7 @@ ${view.resetLink !== undefined
 ${user.invitation_pending
 ? html`<section class="panel" aria-labelledby="invitation-title"><h2 id="invitation-title">Invitation pending</h2>
 <p>${user.username} has not accepted the invitation yet, and cannot sign in until they do. Resending makes a new link and code; the earlier ones stop working.</p>
+${view.invitationMail !== undefined ? invitationDelivery(view.invitationMail) : ''}
 <div class="actions"><form method="post" action="${url}/invitation"><button type="submit">Resend invitation</button></form>
 <form method="post" action="${url}/invitation/revoke"><button type="submit" class="secondary">Revoke invitation</button></form></div></section>`
 : ''}

@@ -128,3 +128,30 @@ export async function findMailRecipient (db: Db, userId: string): Promise<{ user
 export async function findSessionOrigin (db: Db, sessionId: string): Promise<{ client_ip: string | null, user_agent: string | null } | undefined> {
   return await db.selectFrom('sessions').select(['client_ip', 'user_agent']).where('id', '=', sessionId).executeTakeFirst()
 }
+
+/** What the console's mail banner is made of: across all instances, from the outbox itself. */
+export interface MailBacklog {
+  /** Messages waiting to be sent (or resolved). */
+  pending: number
+  /** When the oldest of them was queued; null when none waits. */
+  oldestPendingAt: Date | string | null
+  /** The error of the message waiting longest for a retry after a failed attempt; null when no waiting message has failed. */
+  lastError: string | null
+}
+
+export async function findMailBacklog (db: Db): Promise<MailBacklog> {
+  const waiting = await db.selectFrom('mail_outbox')
+    .select([db.fn.countAll<string | number>().as('n'), db.fn.min('created_at').as('oldest')])
+    .where('status', '=', 'pending').executeTakeFirstOrThrow()
+  const failing = await db.selectFrom('mail_outbox').select('last_error')
+    .where('status', '=', 'pending').where('last_error', 'is not', null)
+    .orderBy('next_attempt_at', 'desc').limit(1).executeTakeFirst()
+  return { pending: Number(waiting.n), oldestPendingAt: (waiting.oldest as Date | string | null) ?? null, lastError: failing?.last_error ?? null }
+}
+
+/** How the newest invitation mail of a user fared: for the console's page of a pending user. */
+export async function findInvitationMail (db: Db, userId: string): Promise<Pick<MailRow, 'status' | 'attempts' | 'last_error' | 'created_at' | 'finished_at' | 'next_attempt_at'> | undefined> {
+  return await db.selectFrom('mail_outbox').select(['status', 'attempts', 'last_error', 'created_at', 'finished_at', 'next_attempt_at'])
+    .where('user_id', '=', userId).where('template', '=', 'invitation')
+    .orderBy('created_at', 'desc').limit(1).executeTakeFirst()
+}

@@ -3,6 +3,7 @@ import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import Mustache from 'mustache'
 import { ConfigError } from '../config.ts'
+import { humanTime } from '../lib/human-time.ts'
 
 /**
  * Mail templates (docs/email.md#templates): each message is three Mustache
@@ -39,6 +40,24 @@ const plain = (value: unknown): string => String(value)
 const HTML_ENTITIES: Record<string, string> = { '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;', "'": '&#39;' }
 /** The five characters that matter in text and in quoted attributes; Mustache's own also encodes `/` and `=`, which mangles links for no gain. */
 const html = (value: unknown): string => String(value).replace(/[&<>"']/g, c => HTML_ENTITIES[c]!)
+
+/** The values that hold an instant: a template shows them in words, with the ISO 8601 form beside them as `<name>_iso`. */
+const TIME_VALUES = ['at', 'expires_at'] as const
+
+/**
+ * A message's values as its templates get them: "4 December 2026, 18:55 UTC"
+ * for each instant, as the pages write times, rather than the stored ISO text.
+ */
+export function withReadableTimes (data: Record<string, unknown>): Record<string, unknown> {
+  const view = { ...data }
+  for (const name of TIME_VALUES) {
+    const value = data[name]
+    if (typeof value !== 'string') continue
+    view[name] = humanTime(value)
+    view[`${name}_iso`] = value
+  }
+  return view
+}
 
 /** The templates of one deployment, read once at start-up, overrides first. */
 export class MailTemplates {

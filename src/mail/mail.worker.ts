@@ -10,7 +10,7 @@ import { publicBase, publicLink } from '../lib/public-url.ts'
 import { databaseMailKey, mailKeyOf, onMailQueued, openPayload, sealPayload, type MailRequest } from './mail.outbox.ts'
 import { PollingLoop } from '../lib/polling-loop.ts'
 import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
-import { TemplateError, type MailTemplates } from './mail.templates.ts'
+import { TemplateError, withReadableTimes, type MailTemplates } from './mail.templates.ts'
 import { SecretBoxError } from '../mfa/secret-box.ts'
 
 export type MailWorkerSettings = Pick<Config,
@@ -71,7 +71,36 @@ export async function createTransport (settings: MailWorkerSettings): Promise<Tr
   return nodemailer.createTransport(options)
 }
 
-interface SendError { message: string, permanent: boolean }
+interface SendError {
+  message: string
+  permanent: boolean
+  /** The failure was the connection's or the server's (greeting, TLS, login, sender), not this message's or its recipient's. */
+  ofServer?: boolean
+}
+
+/** A test message the SMTP server did not take; the message is its reason. */
+export class MailTestError extends Error {}
+
+/**
+ * Sends a short test message to `to` at once, past the outbox (the console's
+ * Send a test mail and `gatehouse mail test`), and returns the server's
+ * answer (`250 … queued as …`); throws MailTestError with the reason when the
+ * server refuses it or cannot be reached.
+ */
+export async function sendTestMessage (transport: Transporter<SMTPTransport.SentMessageInfo>, settings: MailWorkerSettings, to: string): Promise<string> {
+  try {
+    const info = await transport.sendMail({
+      from: settings.mailFrom,
+      to,
+      subject: `${settings.productName}: test message`,
+      text: `This is a test message from ${settings.productName} at ${publicBase(settings)}.\nIt arrived, so mail from this deployment reaches this address.\n`,
+      signal: AbortSignal.timeout(3 * settings.mailTimeoutMs)
+    })
+    return info.response
+  } catch (caught) {
+    throw new MailTestError(sendErrorOf(caught).message)
+  }
+}
 
 /**
  * Decides what a queued request (mail.outbox.ts, enqueueMailRequest) comes
@@ -103,7 +132,9 @@ function sendErrorOf (error: unknown): SendError {
   // The server's reply, or the failure's name: never the message, which may hold a link, and no
   // address, which replies often quote (events and logs must not name whom mail was meant for).
   const message = code !== undefined ? `${e.command ?? 'SMTP'}: ${String(e.message ?? code)}` : `${e.code ?? 'error'}: ${String(e.message ?? '')}`
-  return { message: message.replace(/[^\s<>()[\]"',;:]+@[^\s<>()[\]"',;]+/g, '[address]').slice(0, 300), permanent }
+  const ofServer = e.command !== 'RCPT TO' && e.command !== 'DATA'
+  // One line: a server's reply may span several, and the reason is shown in /readyz and the console.
+  return { message: message.replace(/[^\s<>()[\]"',;:]+@[^\s<>()[\]"',;]+/g, '[address]').replace(/\s+/g, ' ').trim().slice(0, 300), permanent, ofServer }
 }
 
 /**
@@ -135,6 +166,8 @@ export class MailWorker {
   #keys: Buffer[] | undefined
   readonly #loop: PollingLoop
   #unsubscribe: (() => void) | undefined
+  /** This instance's view of its SMTP server: undefined until checked or used, then `ok` or the last failure's reason. */
+  #health: string | undefined
 
   constructor (db: Db, settings: MailWorkerSettings, templates: MailTemplates, log: FastifyBaseLogger, transport: Transporter<SMTPTransport.SentMessageInfo>) {
     this.#db = db
@@ -165,6 +198,45 @@ export class MailWorker {
     this.#cut = new AbortController()
     this.#unsubscribe = onMailQueued(() => { this.#loop.wake() })
     this.#loop.start()
+    // Checked at once, so a setting that cannot work is in the log at start rather than at the first invitation; the start does not wait.
+    this.checkConnection().catch(() => {})
+  }
+
+  /**
+   * `ok`, or why this instance's last conversation with the SMTP server
+   * failed (its connection, TLS, login or a refusal to the sender): what
+   * /readyz reports as `checks.mail`. Undefined before the first check.
+   */
+  get health (): string | undefined {
+    return this.#health
+  }
+
+  /**
+   * Connects, greets, upgrades to TLS where SMTP_REQUIRE_TLS asks, and logs in
+   * (nodemailer's verify), sending nothing. A failure is logged at `error`
+   * with the reason; the service goes on, and the outbox keeps the mail.
+   */
+  async checkConnection (): Promise<string> {
+    try {
+      await this.#transport.verify()
+      this.#health = 'ok'
+    } catch (caught) {
+      this.#health = sendErrorOf(caught).message
+      this.#log.error({ error: this.#health }, 'the SMTP server cannot be used: mail waits in the outbox until it can (docs/email.md#when-mail-fails)')
+    }
+    return this.#health
+  }
+
+  /** sendTestMessage through this worker's transport; its outcome is this instance's mail health too. */
+  async sendTest (to: string): Promise<string> {
+    try {
+      const answer = await sendTestMessage(this.#transport, this.#settings, to)
+      this.#health = 'ok'
+      return answer
+    } catch (caught) {
+      if (caught instanceof MailTestError) this.#health = caught.message
+      throw caught
+    }
   }
 
   /**
@@ -226,7 +298,7 @@ export class MailWorker {
       try {
         const { to, data } = openPayload(keys, mail.id, mail.payload)
         const rendered = this.#templates.render(mail.template, {
-          ...data,
+          ...withReadableTimes(data),
           product_name: this.#settings.productName,
           public_url: publicBase(this.#settings),
           account_url: publicLink(this.#settings, '/account')
@@ -245,6 +317,9 @@ export class MailWorker {
           : caught instanceof TemplateError ? { message: caught.message, permanent: true } : sendErrorOf(caught)
       }
     }
+    // A refusal of one recipient says nothing of the server; anything else that failed does.
+    if (error === undefined) this.#health = 'ok'
+    else if (error.ofServer === true) this.#health = error.message
     await this.#record(mail, error, started, true)
   }
 

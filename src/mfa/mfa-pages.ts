@@ -11,7 +11,7 @@ import { smallPage } from '../lib/page-style.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { type SessionsDeps, type SignIn } from '../sessions/sessions.types.ts'
-import { authenticateSession, endOtherOwnSessions, endOwnSession, listOwnSessions } from '../sessions/sessions.service.ts'
+import { authenticateSession, changeOwnPassword, endOtherOwnSessions, endOwnSession, listOwnSessions } from '../sessions/sessions.service.ts'
 import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
@@ -267,7 +267,9 @@ ${form}
     const consoleLink = principal.user!.role === 'admin' ? `<p><a href="${basePath}/admin" id="console-link">Back to the admin console</a></p>\n` : ''
     const notice = options.notice !== undefined ? `<p class="notice" role="status" id="notice">${escapeHtml(options.notice)}</p>\n` : ''
     return layout(basePath, 'Account security', `${notice}${consoleLink}<p>Signed in as <strong id="username">${escapeHtml(principal.user!.username)}</strong>${status.required ? '; this account must have a second factor' : ''}.</p>
-${options.reauth === true ? await reauthSection(principal) : ''}<h2>Authenticator app</h2>
+${options.reauth === true ? await reauthSection(principal) : ''}<h2 id="password-title">Password</h2>
+${await passwordSection(principal)}
+<h2>Authenticator app</h2>
 ${totp}
 <h2>Passkeys</h2>
 ${passkeys}
@@ -284,6 +286,27 @@ ${await emailSection(principal)}
 <h2 id="sessions-title">Where you're signed in</h2>
 ${sessionsList(await listOwnSessions(deps, principal))}
 <form method="post" action="${basePath}/logout"><button type="submit" class="secondary">Sign out</button></form>`, options.error)
+  }
+
+  /**
+   * The password form: the current password is the recent proof it asks for,
+   * as PUT /api/me/password does, whatever the session's age. An account that
+   * does not sign in with a password here is told so instead.
+   */
+  const passwordSection = async (principal: Principal): Promise<string> => {
+    const user = (await getUser({ db: deps.db }, principal.userId!)).user
+    if (!app.config.passwordSignIn || !user.password_sign_in) return '<p id="password-state">This account does not sign in with a password here.</p>'
+    const changed = user.password_changed_at !== null ? `<p class="meta" id="password-state">Last changed ${pageTime(user.password_changed_at)}.</p>\n` : ''
+    return `${changed}<form method="post" action="${accountPath}/password">
+<label for="current-password">Current password</label>
+<input id="current-password" name="current_password" type="password" autocomplete="current-password" required>
+<label for="new-password">New password</label>
+<input id="new-password" name="new_password" type="password" autocomplete="new-password" required>
+<label for="confirm-password">The new password again</label>
+<input id="confirm-password" name="confirm" type="password" autocomplete="new-password" required>
+<button type="submit">Change password</button>
+</form>
+<p class="meta">Changing it ends your other sessions and revokes your API keys.</p>`
   }
 
   /** The address and whether it is confirmed; a new one is mailed a link and takes effect once confirmed (docs/email.md). */
@@ -358,7 +381,9 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
     const ended = typeof query.sessions_ended === 'string' && /^\d{1,6}$/.test(query.sessions_ended) ? Number(query.sessions_ended) : undefined
     const notice = query.reauthenticated !== undefined
       ? `Confirmed. For the next ${reauthMinutes} minutes you can change your second factors.`
-      : ended !== undefined ? (ended === 1 ? 'One session ended.' : `${ended} sessions ended.`) : undefined
+      : query.password_changed !== undefined
+        ? 'Your password is changed. Your other sessions have ended, and your API keys are revoked.'
+        : ended !== undefined ? (ended === 1 ? 'One session ended.' : `${ended} sessions ended.`) : undefined
     return send(reply, 200, await accountPage(principal, notice !== undefined ? { notice } : {}))
   })
 
@@ -388,6 +413,25 @@ ${s.current ? '' : `<form method="post" action="${accountPath}/sessions/${s.id}/
       if (email !== '' && !/^[^\s@]+@[^\s@]+$/.test(email)) throw new AppError('validation_failed', 422, 'That is not an e-mail address.')
       const sent = await sendEmailVerification({ db: deps.db, passwords: deps.passwords, failures: deps.failures, config: app.config }, principal, requestContext(request), email === '' ? undefined : email)
       return send(reply, 202, await accountPage(principal, { notice: `A confirmation link was mailed to ${sent.email}; it works until ${sent.expires_at.slice(0, 16).replace('T', ' ')} UTC.` }))
+    })
+  })
+
+  app.post('/account/password', secretForm, async (request, reply) => {
+    const principal = await account(request, reply, true)
+    if (principal === undefined) return reply
+    const current = field(request.body, 'current_password', 1024)
+    const next = field(request.body, 'new_password', 1024)
+    return await orAccountPage(reply, principal, async () => {
+      if (current === '' || next === '') throw new AppError('validation_failed', 422, 'Type your current password and the new one.')
+      if (next !== field(request.body, 'confirm', 1024)) throw new AppError('validation_failed', 422, 'The two new passwords differ; type the same password twice.')
+      try {
+        await changeOwnPassword(deps, principal, requestContext(request), current, next)
+      } catch (error) {
+        // A wrong current password is the form's own refusal, not a session that stopped working (the other 401s).
+        if (!(error instanceof AppError) || error.code !== 'invalid_credentials') throw error
+        return send(reply, 401, await accountPage(principal, { error: error.detail }))
+      }
+      return await reply.code(303).header('Location', `${accountPath}?password_changed=1`).send()
     })
   })
 

@@ -32,7 +32,11 @@ export const PasswordResetCompletion = Type.Object({
 export type PasswordResetCompletion = Static<typeof PasswordResetCompletion>
 
 export const PasswordResetLink = Type.Object({
-  mailed: Type.Boolean({ description: 'True: the link and code went to the user\'s address. False: no mail was sent (no SMTP); hand over `url` (or `code`) yourself.' }),
+  delivery: Type.Union([Type.Literal('queued'), Type.Literal('not_sent')], {
+    description: '`queued`: the mail with the link and code is in the outbox, to be sent to the user\'s address; whether it went shows in the ' +
+      '`mail.sent` or `mail.failed` event and in `/readyz` `checks.mail`. `not_sent`: no mail (no SMTP, or no address); hand over `url` (or `code`) yourself.'
+  }),
+  mailed: Type.Boolean({ deprecated: true, description: 'The same as `delivery: "queued"` (it never meant delivered); use `delivery`.' }),
   expires_at: Timestamp({ description: 'When the link and code stop working (PASSWORD_RESET_LIFETIME_MINUTES, default 60).' }),
   url: Type.Optional(Type.String({ format: 'uri', maxLength: 2048, description: 'Only without SMTP: the one-time link to hand to the user. Shown once.' })),
   code: Type.Optional(Type.String({ maxLength: 16, pattern: '^[A-Z0-9]{4}-[A-Z0-9]{4}$', description: 'Only without SMTP: the short code the user may type at the reset page instead.' }))

@@ -169,7 +169,7 @@ export async function issuePasswordReset (deps: Pick<PasswordResetsDeps, 'db' | 
   return await deps.db.transaction().execute(async trx => {
     const issued = await issueAndMailToken(trx, deps.config, { userId: user.id, username: user.username, purpose: 'password_reset', to: user.email, lifetimeMs: deps.config.passwordResetLifetimeMs, code })
     await recordEvent(trx, ctx, 'user.password_reset_requested', { type: 'user', id: user.id }, { by: 'admin', outcome: issued.mailed ? 'mailed' : 'link_issued', expires_at: issued.expiresAt })
-    return { mailed: issued.mailed, expires_at: issued.expiresAt, ...(issued.mailed ? {} : { url: issued.url, code: issued.code }) }
+    return { delivery: issued.mailed ? 'queued' as const : 'not_sent' as const, mailed: issued.mailed, expires_at: issued.expiresAt, ...(issued.mailed ? {} : { url: issued.url, code: issued.code }) }
   })
 }
 

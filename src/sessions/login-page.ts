@@ -53,7 +53,8 @@ function signedInPage (basePath: string, user: PrincipalUser, continueTo: string
 <dt>Role</dt>
 <dd id="role">${escapeHtml(user.role)}</dd>
 </dl>
-${onward}<form method="post" action="${basePath}/logout">
+${onward}<p><a href="${basePath}/account" id="account-link">Your account</a>: password, second factors and where you are signed in.</p>
+<form method="post" action="${basePath}/logout">
 <button type="submit">Sign out</button>
 </form>
 `

@@ -20,8 +20,8 @@ const Version = Type.Object({
 const Health = Type.Object({
   // Typed as a string for the handlers; documented as the three values it takes.
   status: Type.Unsafe<string>({ type: 'string', enum: ['ok', 'ready', 'unavailable'] }),
-  checks: Type.Optional(Type.Record(Type.String(), Type.String({ maxLength: 16, pattern: '^[a-z_]+$', description: '`ok` or `unavailable`.' }), {
-    description: 'Each dependency (`database`, `redis`) and its state.'
+  checks: Type.Optional(Type.Record(Type.String(), Type.String({ maxLength: 400, pattern: '^[^\\r\\n]*$', description: '`ok` or `unavailable`; for `mail`, `ok`, `unchecked` (not tried yet) or the reason its last attempt failed.' }), {
+    description: 'Each dependency (`database`, `redis`) and its state; with SMTP configured also `mail`, which is reported but does not decide readiness.'
   }))
 })
 
@@ -61,7 +61,8 @@ export default async function systemRoutes (app: FastifyTypeBox, options: { redi
       operationId: 'readyz',
       summary: 'Readiness',
       description: 'Ready to serve: the database, and Redis when configured, each answer within 2 s (`checks` names them). ' +
-        '503 otherwise, so a load balancer stops sending traffic here.',
+        '503 otherwise, so a load balancer stops sending traffic here. With SMTP configured, `checks.mail` is `ok` or the reason this ' +
+        'instance\'s last attempt to reach the SMTP server failed (docs/email.md#when-mail-fails); it does not decide readiness.',
       response: { 200: Health, 503: Health, ...problems() }
     },
     logLevel: 'warn',
@@ -69,9 +70,11 @@ export default async function systemRoutes (app: FastifyTypeBox, options: { redi
   }, async (_request, reply) => {
     const [database, redis] = await Promise.all([probe(pingDb(app.db)), options.redis === undefined ? undefined : probe(options.redis.ping())])
     const checks: Record<string, string> = redis === undefined ? { database } : { database, redis }
+    // Mail that cannot go waits in the outbox, and every flow still works: told here, but no reason to take this instance out.
+    const mail = app.mail === undefined ? undefined : app.mail.health ?? 'unchecked'
     if (Object.values(checks).some(state => state !== 'ok')) {
-      return await reply.code(503).header('Retry-After', '5').send({ status: 'unavailable', checks })
+      return await reply.code(503).header('Retry-After', '5').send({ status: 'unavailable', checks: mail === undefined ? checks : { ...checks, mail } })
     }
-    return { status: 'ready', checks }
+    return { status: 'ready', checks: mail === undefined ? checks : { ...checks, mail } }
   })
 }

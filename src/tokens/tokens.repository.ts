@@ -94,6 +94,18 @@ export async function endLiveTokens (db: Db, userId: string, purpose: AccountTok
   return Number(result.numUpdatedRows)
 }
 
+/**
+ * The token this link secret names for this purpose when it ran out unused:
+ * its expiry, so the page can say so. Undefined when it is live, was used,
+ * replaced or revoked, or never existed (those keep one message).
+ */
+export async function findExpiredToken (db: Db, token: string, purpose: AccountTokenPurpose, now = new Date()): Promise<{ expires_at: Date | string } | undefined> {
+  return await db.selectFrom('account_tokens').select(['expires_at'])
+    .where('digest', '=', digestOf(token)).where('purpose', '=', purpose)
+    .where('used_at', 'is', null).where('expires_at', '<=', now.toISOString())
+    .executeTakeFirst()
+}
+
 /** The live token this link secret names for this purpose, without using it (a page shown by GET). */
 export async function findLiveToken (db: Db, token: string, purpose: AccountTokenPurpose, now = new Date()): Promise<TokenRow | undefined> {
   return await db.selectFrom('account_tokens').select(['id', 'user_id', 'purpose', 'email', 'expires_at'])

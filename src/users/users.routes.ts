@@ -161,7 +161,7 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     }, async (request, reply) => {
       const { user, version, invitation } = await createUser(deps, request.principal!, requestContext(request), request.body)
       // A retry is answered without the link and code: they are never stored (resend for a new one).
-      if (invitation?.url !== undefined) replayWith(request, { ...user, invitation: { mailed: invitation.mailed, expires_at: invitation.expires_at } })
+      if (invitation?.url !== undefined) replayWith(request, { ...user, invitation: { delivery: invitation.delivery, mailed: invitation.mailed, expires_at: invitation.expires_at } })
       return await reply.code(201)
         .header('Location', `${app.config.basePath}${base}/${user.id}`)
         .header('ETag', etagOf(version))

@@ -201,7 +201,11 @@ export const UserImportResult = Type.Object(ImportCounts, {
 export type UserImportResult = Static<typeof UserImportResult>
 
 export const Invitation = Type.Object({
-  mailed: Type.Boolean({ description: 'True: the link and code went to the user\'s address (SMTP configured). False: no mail was sent; hand over `url` (or `code`) yourself.' }),
+  delivery: Type.Union([Type.Literal('queued'), Type.Literal('not_sent')], {
+    description: '`queued`: the mail with the link and code is in the outbox, to be sent to the user\'s address (SMTP configured); whether it went ' +
+      'shows on the user\'s console page, in the `mail.sent` or `mail.failed` event, and in `/readyz` `checks.mail`. `not_sent`: no mail (no SMTP); hand over `url` (or `code`) yourself.'
+  }),
+  mailed: Type.Boolean({ deprecated: true, description: 'The same as `delivery: "queued"` (it never meant delivered); use `delivery`.' }),
   expires_at: Timestamp({ description: 'When the link and code stop working (INVITATION_LIFETIME_HOURS, default 72 h).' }),
   url: Type.Optional(Type.String({ format: 'uri', maxLength: 2048, description: 'Only without SMTP: the one-time link to hand to the user. Shown once; resending makes a new one and ends this.' })),
   code: Type.Optional(Type.String({ maxLength: 16, pattern: '^[A-Z0-9]{4}-[A-Z0-9]{4}$', description: 'Only without SMTP: the short code the user may type at the invitation page instead of following the link.' }))

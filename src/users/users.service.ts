@@ -43,6 +43,8 @@ export type InvitationSettings = Pick<Config, 'invitationLifetimeMs'> & LinkConf
 
 /** An invitation just issued: mailed, or (without SMTP) its link and code for the administrator to hand over. */
 export interface IssuedInvitation {
+  /** Queued in the outbox (SMTP configured), or not sent at all. */
+  delivery: 'queued' | 'not_sent'
   mailed: boolean
   expires_at: string
   url?: string
@@ -124,7 +126,7 @@ function invitationSettings (deps: UsersDeps): InvitationSettings {
 async function issueInvitation (trx: Db, ctx: RequestContext, settings: InvitationSettings, user: { id: string, username: string, email: string | null }, resent: boolean, prepared: PreparedCode): Promise<IssuedInvitation> {
   const { url, code, expiresAt, mailed } = await issueAndMailToken(trx, settings, { userId: user.id, username: user.username, purpose: 'invitation', to: user.email, lifetimeMs: settings.invitationLifetimeMs, code: prepared })
   await recordEvent(trx, ctx, 'user.invited', { type: 'user', id: user.id }, { expires_at: expiresAt, mailed, ...(resent ? { resent: true } : {}) })
-  return { mailed, expires_at: expiresAt, ...(mailed ? {} : { url, code }) }
+  return { delivery: mailed ? 'queued' : 'not_sent', mailed, expires_at: expiresAt, ...(mailed ? {} : { url, code }) }
 }
 
 /** A pending user's current row, for an invitation operation; 409 when the user is not (or no longer) invited. */
