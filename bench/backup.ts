@@ -57,7 +57,7 @@ async function seedSqlite (path: string): Promise<void> {
   try {
     const groupId = v7()
     const at = new Date().toISOString()
-    sqlite.prepare('insert into groups (id, display_name, external_id, version, created_at, updated_at) values (?, ?, null, 1, ?, ?)').run(groupId, 'etl', at, at)
+    sqlite.prepare('insert into groups (id, display_name, name_key, external_id, version, created_at, updated_at) values (?, ?, ?, null, 1, ?, ?)').run(groupId, 'etl', 'etl', at, at)
     const member = sqlite.prepare('insert into group_members (group_id, user_id) values (?, ?)')
     const event = sqlite.prepare("insert into events (id, type, occurred_at, actor_type, actor_id, target_type, target_id, request_id, client_ip, data) values (?, 'user.created', ?, 'api_key', 'bench', 'user', ?, null, '127.0.0.1', ?)")
     const users = sqlite.prepare('select id, username, created_at from users').all() as Array<{ id: string, username: string, created_at: string }>

@@ -194,7 +194,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
   it('creates a database user that can log in even when --privileges leaves login out', async () => {
     const name = newName()
     const password = `pw ${randomBytes(6).toString('hex')}`
-    const r = await runCli(['db-user', 'create', name, '--privileges', 'superuser,createdb', '--password-stdin'], { env, input: `${password}\n` })
+    const r = await runCli(['db-user', 'create', name, '--privileges', 'superuser,createdb', '--password-stdin', '--yes'], { env, input: `${password}\n` })
     assert.equal(r.code, 0, r.stderr)
     assert.equal(r.stdout, `Created database role ${name} (superuser, createdb, login)\n`)
     assert.equal((await roleRow(name))!.rolcanlogin, true)
@@ -209,7 +209,7 @@ describe('gatehouse db-user against PostgreSQL', { skip }, () => {
     const name = newName()
     assert.equal((await runCli(['db-user', 'create', name, '--password-stdin'], { env, input: 'first password\n' })).code, 0)
     const before = (await roleRow(name))!.rolpassword
-    const second = await runCli(['db-user', 'create', name, '--privileges', 'superuser,login', '--password-stdin'], { env, input: 'second password\n' })
+    const second = await runCli(['db-user', 'create', name, '--privileges', 'superuser,login', '--password-stdin', '--yes'], { env, input: 'second password\n' })
     assert.equal(second.code, 1)
     assert.match(second.stderr, /already exists; gatehouse never alters an existing role/)
     assert.equal((await roleRow(name))!.rolpassword, before)

@@ -45,10 +45,12 @@ test(`docs page in a real browser: deep link, the SCIM section, Authorize, Try i
     await page.locator('.auth-wrapper button.authorize').click()
     const dialog = page.locator('.dialog-ux .modal-ux')
     await dialog.waitFor({ state: 'visible' })
+    // By the scheme's whole name: 'Bearer' is also in 'ScimBearer' and in each bearer scheme's '(http, Bearer)'.
+    const schemeNamed = (scheme: string) => dialog.locator('.auth-container').filter({ has: page.locator('h4 code', { hasText: new RegExp(`^${scheme}$`) }) })
     for (const scheme of ['ApiKeyQuery', 'ApiKeyHeader', 'Bearer', 'ScimBearer']) {
-      assert.equal(await dialog.locator('.auth-container', { hasText: scheme }).count(), 1, `the dialog offers ${scheme}`)
+      assert.equal(await schemeNamed(scheme).count(), 1, `the dialog offers ${scheme}`)
     }
-    const headerScheme = dialog.locator('.auth-container', { hasText: 'ApiKeyHeader' })
+    const headerScheme = schemeNamed('ApiKeyHeader')
     await headerScheme.locator('input').fill(adminKey)
     await headerScheme.locator('button.authorize').click()
     await headerScheme.locator('button', { hasText: 'Logout' }).waitFor({ state: 'visible' })

@@ -172,7 +172,9 @@ for (const dialect of dialects()) {
       for (const listed of ['/auth/api/users', '/auth/users', '/auth/api/events', '/auth/api/webhooks/{webhook_id}/deliveries', '/auth/api/webhooks/{webhook_id}/attempts']) {
         assert.ok(numeric.some(({ path }) => path === listed), `${listed} has a numeric query parameter`)
       }
-      for (const { method, path, name } of numeric) {
+      // SCIM answers in its own error body, with its own key: checked below.
+      const scim = numeric.filter(({ path }) => path.startsWith('/auth/scim/'))
+      for (const { method, path, name } of numeric.filter(({ path }) => !path.startsWith('/auth/scim/'))) {
         // Validation comes before any look-up, so an id that names nothing is enough here.
         const url = path.replace(/\{[a-z_]+\}/g, randomUUID())
         for (const value of ['Infinity', '-Infinity', '1e309', '9'.repeat(400), 'NaN', '1e3', '0x10', ' 5', '']) {
@@ -183,6 +185,16 @@ for (const dialect of dialects()) {
         }
         const plain = await t.app.inject({ method: method.toUpperCase() as 'GET', url: `${url}?${name}=2`, headers: auth(t.adminKey) })
         assert.ok(plain.statusCode === 200 || plain.statusCode === 404, `${method} ${path}?${name}=2: ${plain.body}`)
+      }
+      assert.ok(scim.length > 0, 'SCIM lists have numeric parameters (startIndex, count)')
+      const scimKey = (await t.app.inject({ method: 'POST', url: '/auth/api/api-keys', headers: auth(t.adminKey), payload: { name: 'idp', scopes: ['scim'] } })).json().key as string
+      for (const { method, path, name } of scim) {
+        const url = path.replace(/\{[a-z_]+\}/g, randomUUID())
+        for (const value of ['Infinity', '1e309', '9'.repeat(400), 'NaN', '0x10', ' 5']) {
+          const res = await t.app.inject({ method: method.toUpperCase() as 'GET', url: `${url}?${name}=${encodeURIComponent(value)}`, headers: { authorization: `Bearer ${scimKey}` } })
+          assert.equal(res.statusCode, 400, `${method} ${path}?${name}=${value}: ${res.body}`)
+          assert.deepEqual(res.json().schemas, ['urn:ietf:params:scim:api:messages:2.0:Error'], res.body)
+        }
       }
     })
 
