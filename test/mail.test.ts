@@ -351,6 +351,8 @@ for (const dialect of dialects()) {
 
     it('answers the request while SMTP stalls, and sends the message once the server answers again', async () => {
       const user = await createUser(t)
+      // The worker checks the server once at start: that connection must not pass for the message's below.
+      await waitFor('the start-up SMTP check', () => t.app.mail!.health !== undefined)
       smtp.mode = 'stall'
       const connectionsBefore = smtp.connections
       await patchUser(t, user.id, { password: `${GOOD_PASSWORD} 2` })

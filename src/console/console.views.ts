@@ -5,6 +5,7 @@ import { roleNameProblem } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import type { PartyNames } from '../events/events.service.ts'
 import type { EnterpriseFacts } from '../scim/scim.repository.ts'
+import { toIso } from '../db/database.ts'
 import type { MailRow } from '../mail/mail.repository.ts'
 import type { MfaStatus } from '../mfa/mfa.schemas.ts'
 import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
@@ -302,11 +303,10 @@ type InvitationMail = Pick<MailRow, 'status' | 'attempts' | 'last_error' | 'crea
 /** Where the invitation's mail is: waiting (with the last failure), sent, or given up. */
 function invitationDelivery (mail: InvitationMail | null): SafeHtml {
   if (mail === null) return html`<p id="invitation-delivery">No invitation mail was queued (the user has no address, or it was issued without mail).</p>`
-  const iso = (value: Date | string | null): string | null => value === null ? null : new Date(value).toISOString()
-  if (mail.status === 'sent') return html`<p id="invitation-delivery">The invitation mail was sent ${date(iso(mail.finished_at))}.</p>`
-  if (mail.status === 'failed') return html`<p class="warning" id="invitation-delivery">The invitation mail was given up ${date(iso(mail.finished_at))} after ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'}: <code>${mail.last_error ?? 'no reason recorded'}</code>. Resend it once mail works.</p>`
-  if (mail.last_error === null) return html`<p id="invitation-delivery">The invitation mail is queued since ${date(iso(mail.created_at))}, not sent yet.</p>`
-  return html`<p class="warning" id="invitation-delivery">The invitation mail is not sent yet: ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'} failed, the last with <code>${mail.last_error}</code>; the next is ${date(iso(mail.next_attempt_at))}.</p>`
+  if (mail.status === 'sent') return html`<p id="invitation-delivery">The invitation mail was sent ${date(toIso(mail.finished_at))}.</p>`
+  if (mail.status === 'failed') return html`<p class="warning" id="invitation-delivery">The invitation mail was given up ${date(toIso(mail.finished_at))} after ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'}: <code>${mail.last_error ?? 'no reason recorded'}</code>. Resend it once mail works.</p>`
+  if (mail.last_error === null) return html`<p id="invitation-delivery">The invitation mail is queued since ${date(toIso(mail.created_at))}, not sent yet.</p>`
+  return html`<p class="warning" id="invitation-delivery">The invitation mail is not sent yet: ${mail.attempts} ${mail.attempts === 1 ? 'attempt' : 'attempts'} failed, the last with <code>${mail.last_error}</code>; the next is ${date(toIso(mail.next_attempt_at))}.</p>`
 }
 
 export function userPage (ctx: ViewContext, view: UserView): string {

@@ -25,6 +25,16 @@ export interface MailObservation {
   lagSeconds: number | undefined
 }
 
+/**
+ * One conversation's hard deadline. nodemailer's timeouts are per step (and
+ * the socket's is for silence), so a server that answers slowly enough could
+ * otherwise outlast the worker's lease, and another instance would send the
+ * message too.
+ */
+function sendDeadlineMsOf (settings: Pick<MailWorkerSettings, 'mailTimeoutMs'>): number {
+  return 3 * settings.mailTimeoutMs
+}
+
 /** Messages one instance sends at once. */
 const CONCURRENCY = 4
 /** At shutdown, how long messages in flight may take to finish before their conversations are cut (they are sent again later). */
@@ -94,7 +104,7 @@ export async function sendTestMessage (transport: Transporter<SMTPTransport.Sent
       to,
       subject: `${settings.productName}: test message`,
       text: `This is a test message from ${settings.productName} at ${publicBase(settings)}.\nIt arrived, so mail from this deployment reaches this address.\n`,
-      signal: AbortSignal.timeout(3 * settings.mailTimeoutMs)
+      signal: AbortSignal.timeout(sendDeadlineMsOf(settings))
     })
     return info.response
   } catch (caught) {
@@ -152,11 +162,7 @@ export class MailWorker {
   readonly #transport: Transporter<SMTPTransport.SentMessageInfo>
   /** Long enough for the slowest SMTP conversation (cut at #sendDeadlineMs), with room for recording the result. */
   readonly #leaseMs: number
-  /**
-   * One conversation's hard deadline. nodemailer's timeouts are per step (and
-   * the socket's is for silence), so a server that answers slowly enough could
-   * otherwise outlast the lease, and another instance would send the message too.
-   */
+  /** One conversation's hard deadline (sendDeadlineMsOf). */
   readonly #sendDeadlineMs: number
   /** Cuts the conversations in flight when a stop has waited STOP_GRACE_MS. */
   #cut = new AbortController()
@@ -174,7 +180,7 @@ export class MailWorker {
     this.#settings = settings
     this.#templates = templates
     this.#log = log
-    this.#sendDeadlineMs = 3 * settings.mailTimeoutMs
+    this.#sendDeadlineMs = sendDeadlineMsOf(settings)
     this.#leaseMs = this.#sendDeadlineMs + 5000
     this.#transport = transport
     this.#loop = new PollingLoop(async () => { await this.#cycle() }, settings.mailPollIntervalMs)
