@@ -68,13 +68,15 @@ for (const dialect of dialects()) {
         assert.equal(changed.status, 200)
         addresses.push(`${username}@example.test`)
       }
-      // The worker is in the middle of an SMTP conversation, holding its claim: kill it there.
-      await waitFor('a message in flight', () => smtp!.connections >= 1)
-      first.kill('SIGKILL')
-      await once(first, 'exit')
-
       const db = createDb(defaultConfig({ databaseUrl, ...(dialect.url !== undefined ? { databaseSchema: schema } : {}) }))
       try {
+        // The worker is in the middle of an SMTP conversation, holding its claim: kill it there. Its claim is
+        // what says so (the start-up SMTP check also connects, so a connection alone does not).
+        await waitFor('a message in flight', async () =>
+          smtp!.connections >= 1 && (await db.selectFrom('mail_outbox').select('id').where('locked_until', 'is not', null).executeTakeFirst()) !== undefined)
+        first.kill('SIGKILL')
+        await once(first, 'exit')
+
         const rows = await db.selectFrom('mail_outbox').select(['status', 'locked_until', 'payload']).execute()
         assert.equal(rows.length, 10)
         assert.ok(rows.every(m => m.status === 'pending' && m.payload !== null))
