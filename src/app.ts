@@ -23,7 +23,7 @@ import type { FastifyTypeBox } from './lib/http.ts'
 import type { Config } from './config.ts'
 import { createDb, isPostgres, type Db } from './db/database.ts'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from './auth/credential-cache.ts'
-import { migrateToLatest } from './db/migrate.ts'
+import { prepareSchemaAtStart } from './db/migrate.ts'
 import { answerClientError, answerFrameworkError, AppError, registerErrorHandling } from './errors.ts'
 import { secretParamsOf } from './lib/query-string.ts'
 import { PasswordHasher } from './lib/passwords.ts'
@@ -212,7 +212,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.addHook('preClose', stopWatching)
   if (options.migrate !== false) {
     try {
-      await migrateToLatest(db, config.databaseSchema)
+      await prepareSchemaAtStart(db, config.databaseSchema, { migrate: config.migrateOnStart, log: app.log })
     } catch (error) {
       // Nobody gets this app to close: what it opened goes now, or the PostgreSQL pool and the
       // credential listener's reconnecting would keep the process (a test file, the CLI) alive.

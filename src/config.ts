@@ -120,6 +120,8 @@ export interface Config {
   webhookConcurrency: number
   /** Run the delivery worker here; off, the instance only queues deliveries (others deliver them). */
   webhookDelivery: boolean
+  /** MIGRATE_ON_START: `serve` runs pending migrations before it serves; false refuses a database that is behind. */
+  migrateOnStart: boolean
   /** How long finished webhook deliveries and attempts are kept for inspection. */
   webhookRetentionMs: number
   /** Who must have a second factor: nobody, admins, or everyone (docs/mfa.md). */
@@ -262,6 +264,7 @@ const DEFAULTS: Config = {
   webhookSecretOverlapMs: 86_400_000,
   webhookConcurrency: 10,
   webhookDelivery: true,
+  migrateOnStart: true,
   webhookRetentionMs: 30 * 86_400_000,
   mfaRequired: 'off',
   mfaEncryptionKey: undefined,
@@ -398,6 +401,7 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.webhookConcurrency = int('WEBHOOK_CONCURRENCY', c.webhookConcurrency)
   c.webhookRetentionMs = int('WEBHOOK_RETENTION_DAYS', c.webhookRetentionMs / 86_400_000) * 86_400_000
   c.webhookDelivery = bool('WEBHOOK_DELIVERY', c.webhookDelivery)
+  c.migrateOnStart = bool('MIGRATE_ON_START', c.migrateOnStart)
   c.trustedOrigins = (str('TRUSTED_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
   c.loginDefaultNext = str('LOGIN_DEFAULT_NEXT')
   const mfaRequired = str('MFA_REQUIRED') ?? c.mfaRequired

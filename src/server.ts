@@ -5,6 +5,7 @@ import closeWithGrace from 'close-with-grace'
 import { buildApp } from './app.ts'
 import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
 import { ConfigError, loadConfig } from './config.ts'
+import { SchemaBehindError } from './db/migrate.ts'
 import { AppError } from './errors.ts'
 
 /**
@@ -56,8 +57,9 @@ export async function startServer (): Promise<void> {
   try {
     app = await buildApp({ config })
   } catch (error) {
-    // What buildApp reads besides the environment (MAIL_TEMPLATES_DIR's templates) can be a configuration mistake too.
-    if (error instanceof ConfigError) {
+    // What buildApp reads besides the environment (MAIL_TEMPLATES_DIR's templates) can be a configuration mistake too,
+    // and so is a database left behind with MIGRATE_ON_START=false.
+    if (error instanceof ConfigError || error instanceof SchemaBehindError) {
       process.stderr.write(`gatehouse: ${error.message}\n`)
       process.exit(2)
     }

@@ -62,12 +62,60 @@ export const MIGRATION_NAMES: readonly string[] = Object.keys(migrations)
 
 /**
  * Brings the schema up to date. Safe to run from several instances at once:
- * Kysely's migrator takes an advisory lock on PostgreSQL.
+ * Kysely's migrator takes an advisory lock on PostgreSQL. Each migration is
+ * applied in a transaction of its own (one `migrateUp` at a time), so a
+ * migration's locks are held for that migration only, not until the last
+ * pending one commits: the running release's requests wait at most for one
+ * (issue 40: all pending in one transaction kept `users` locked for 186 s).
  */
 export async function migrateToLatest (db: Db, schema?: string): Promise<string[]> {
-  if (await isUpToDate(db, schema)) return []
+  if ((await schemaState(db, schema)).pending.length === 0) return []
   await createSchema(db, schema)
-  return succeeded(await migratorOf(db, schema).migrateToLatest())
+  const migrator = migratorOf(db, schema)
+  const applied: string[] = []
+  for (;;) {
+    const step = succeeded(await migrator.migrateUp())
+    if (step.length === 0) return applied
+    applied.push(...step)
+  }
+}
+
+/** Where a database stands against this release's migrations. */
+export interface SchemaState {
+  /** This release's migrations the database has not run, oldest first. */
+  pending: string[]
+  /**
+   * Migrations the database has run that this release does not know: a newer
+   * release migrated it (the first step of a rolling upgrade). Within a release
+   * migrations only add, so this release still reads and writes it.
+   */
+  newer: string[]
+}
+
+/**
+ * What `serve` does with the schema at start. `migrate` (MIGRATE_ON_START,
+ * default true) runs the pending migrations, one instance at a time under the
+ * migrator's lock; false refuses a database that is behind, so that only the
+ * deployment's `gatehouse migrate` job changes the schema.
+ */
+export async function prepareSchemaAtStart (db: Db, schema: string | undefined, options: { migrate: boolean, log: { info: (o: object, msg: string) => void } }): Promise<void> {
+  const state = await schemaState(db, schema)
+  if (state.newer.length > 0 && state.pending.length === 0) {
+    options.log.info({ newer: state.newer }, `the database has ${state.newer.length} migration(s) of a newer release (${state.newer.join(', ')}); this release serves on it`)
+  }
+  if (state.pending.length === 0) return
+  if (!options.migrate) throw new SchemaBehindError(state.pending)
+  const applied = await migrateToLatest(db, schema)
+  if (applied.length > 0) options.log.info({ applied }, `applied ${applied.length} migration(s)`)
+}
+
+/** MIGRATE_ON_START=false met a database that is behind this release. */
+export class SchemaBehindError extends Error {
+  constructor (pending: string[]) {
+    super(`the database is behind this release: ${pending.length} migration(s) to run (${pending.join(', ')}), and MIGRATE_ON_START=false; ` +
+      'run `gatehouse migrate` with this DATABASE_URL (and DATABASE_SCHEMA) first, then start again')
+    this.name = 'SchemaBehindError'
+  }
 }
 
 /**
@@ -123,23 +171,24 @@ function succeeded ({ error, results }: MigrationResultSet): string[] {
 }
 
 /**
- * Whether the schema already has exactly this release's migrations, read in
- * one query. Most starts find it so, and the migrator's own path there (its
- * tables, its lock, on PostgreSQL a transaction) cost a PostgreSQL start
- * 66 ms against 31 ms for this query (its first connection included). Another instance's migration in progress is not visible until
- * it commits, so this says false and the migrator waits on its lock.
+ * The schema's state, read in one query. Most starts find nothing pending,
+ * and the migrator's own path there (its tables, its lock, on PostgreSQL a
+ * transaction) cost a PostgreSQL start 66 ms against 31 ms for this query
+ * (its first connection included). Another instance's migration in progress
+ * is not visible until it commits, so this says pending and the migrator
+ * waits on its lock.
  */
-async function isUpToDate (db: Db, schema: string | undefined): Promise<boolean> {
+export async function schemaState (db: Db, schema: string | undefined): Promise<SchemaState> {
   const table = schema !== undefined && isPostgres(db) ? sql.table(`${schema}.kysely_migration`) : sql.table('kysely_migration')
   let applied: string[]
   try {
     applied = (await sql<{ name: string }>`select name from ${table}`.execute(db)).rows.map(row => row.name)
   } catch {
     // No such table: a new database, which the migrator sets up.
-    return false
+    return { pending: [...MIGRATION_NAMES], newer: [] }
   }
-  const known = Object.keys(migrations)
-  return applied.length === known.length && known.every(name => applied.includes(name))
+  const ran = new Set(applied)
+  return { pending: MIGRATION_NAMES.filter(name => !ran.has(name)), newer: applied.filter(name => !(name in migrations)).sort() }
 }
 
 /**
