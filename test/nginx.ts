@@ -13,11 +13,11 @@ export interface Nginx { proc: ChildProcess, exited: Promise<void> }
  * it writes (pid, logs, temp paths) inside `dir`, so it needs no system paths
  * and leaves nothing behind; `http` is the inside of the `http { }` block.
  */
-export function nginxConf (dir: string, http: string): string {
+export function nginxConf (dir: string, http: string, options: { masterProcess?: boolean } = {}): string {
   const path = (name: string): string => JSON.stringify(join(dir, name))
+  // With its master process, nginx takes a changed configuration by a reload (SIGHUP); without, it cannot.
   return `${process.getuid?.() === 0 ? 'user root;\n' : ''}daemon off;
-master_process off;
-worker_processes 1;
+${options.masterProcess === true ? '' : 'master_process off;\n'}worker_processes 1;
 pid ${path('nginx.pid')};
 error_log ${path('error.log')} notice;
 events { worker_connections 256; }

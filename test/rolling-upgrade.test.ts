@@ -10,7 +10,7 @@ import { after, before, describe, it } from 'node:test'
 import { setTimeout as sleep } from 'node:timers/promises'
 import { fileURLToPath } from 'node:url'
 import { dropSchema, GOOD_PASSWORD } from './helpers.ts'
-import { errorLog, NGINX } from './nginx.ts'
+import { errorLog, NGINX, nginxConf } from './nginx.ts'
 import { waitFor } from './polling.ts'
 import { freePort } from './ports.ts'
 
@@ -133,20 +133,7 @@ class Gate {
 
   async configure (upstreams: Array<{ port: number, down: boolean }>): Promise<void> {
     this.generation += 1
-    const path = (name: string): string => JSON.stringify(join(this.dir, name))
-    await writeFile(join(this.dir, 'nginx.conf'), `${process.getuid?.() === 0 ? 'user root;\n' : ''}daemon off;
-worker_processes 1;
-pid ${path('nginx.pid')};
-error_log ${path('error.log')} notice;
-events { worker_connections 512; }
-http {
-  access_log off;
-  client_body_temp_path ${path('client_body')};
-  proxy_temp_path ${path('proxy')};
-  fastcgi_temp_path ${path('fastcgi')};
-  uwsgi_temp_path ${path('uwsgi')};
-  scgi_temp_path ${path('scgi')};
-  upstream gatehouse {
+    await writeFile(join(this.dir, 'nginx.conf'), nginxConf(this.dir, `  upstream gatehouse {
 ${upstreams.map(u => `    server 127.0.0.1:${u.port} max_fails=1 fail_timeout=10s${u.down ? ' down' : ''};`).join('\n')}
   }
   server {
@@ -158,9 +145,7 @@ ${upstreams.map(u => `    server 127.0.0.1:${u.port} max_fails=1 fail_timeout=10
       proxy_set_header Host $http_host;
       proxy_set_header X-Forwarded-For $remote_addr;
     }
-  }
-}
-`)
+  }`, { masterProcess: true }))
     if (this.proc === undefined) {
       this.proc = spawn(NGINX, ['-p', `${this.dir}/`, '-c', join(this.dir, 'nginx.conf'), '-e', join(this.dir, 'error.log')], { stdio: 'ignore' })
     } else {
