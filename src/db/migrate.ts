@@ -27,8 +27,24 @@ import * as m0024 from './migrations/0024_user_json_sqlite_column.ts'
 import * as m0025 from './migrations/0025_group_name_key.ts'
 import * as m0026 from './migrations/0026_login_throttle_windows.ts'
 
+/**
+ * What a migration does to what the running release reads and writes. An
+ * `expand` migration only adds: tables, columns that are nullable or have a
+ * default, indexes, triggers. The previous release's reads and writes work on
+ * the migrated schema, so it can run while instances of that release serve
+ * (docs/operations.md, Upgrades). A `contract` migration drops or renames,
+ * or adds what an earlier release's writes do not fill (a NOT NULL column
+ * without a default); it ships in a release after the last one that reads or
+ * writes what it changes, so every instance that may still run is past it.
+ * test/migration-phases.test.ts checks each `expand` against the schema, and
+ * test/rolling-upgrade.test.ts runs the previous release on the migrated one.
+ */
+export type MigrationPhase = 'expand' | 'contract'
+
+type PhasedMigration = Migration & { phase: MigrationPhase }
+
 // Listed here rather than read from a folder, so a bundled or compiled build carries them.
-const migrations: Record<string, Migration> = {
+const migrations: Record<string, PhasedMigration> = {
   '0001_init': m0001,
   '0002_sessions': m0002,
   '0003_sign_in_addresses': m0003,
@@ -59,6 +75,13 @@ const migrations: Record<string, Migration> = {
 
 /** This release's migrations, oldest first. */
 export const MIGRATION_NAMES: readonly string[] = Object.keys(migrations)
+
+/** Whether the migration named expands or contracts the schema. */
+export function migrationPhase (name: string): MigrationPhase {
+  const migration = migrations[name]
+  if (migration === undefined) throw new Error(`no migration is named ${name}`)
+  return migration.phase
+}
 
 /**
  * Brings the schema up to date. Safe to run from several instances at once:

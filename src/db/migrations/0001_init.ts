@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * One migration for both engines: column types differ only where SQLite has no
  * native type (uuid, timestamptz, jsonb, boolean), and every rule the API

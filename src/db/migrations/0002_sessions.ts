@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /** Sign-in: sessions, and the per-account failure count behind account locking. */
 export async function up (db: Kysely<any>): Promise<void> {
   const { uuid, ts } = columnTypes(db)

@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * The addresses each user signed in from, and when last: a sign-in from one
  * of them is from a known client, which an account lock does not shut out.

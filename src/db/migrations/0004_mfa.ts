@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes, isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Second factors: an authenticator app's TOTP secret (encrypted), passkeys,
  * recovery codes (digests), and the short-lived challenges of two-step

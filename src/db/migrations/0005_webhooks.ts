@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /** Webhooks: endpoints, the delivery outbox (written with each event) and the attempt history. */
 export async function up (db: Kysely<any>): Promise<void> {
   const { uuid, ts, json, bool } = columnTypes(db)

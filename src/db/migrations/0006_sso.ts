@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Single sign-on: the accounts at external identity providers (OpenID
  * Connect, LDAP) that sign in as a gatehouse user, and whether a user may

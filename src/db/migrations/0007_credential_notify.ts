@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * PostgreSQL: every change that can end or narrow a credential (a key revoked,
  * rotated, deleted or re-scoped; a session ended; a user disabled, deleted,

@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Recent authentication (docs/mfa.md#recent-authentication): a session keeps
  * when its person last proved themselves again after signing in, so changes

@@ -1,5 +1,7 @@
 import type { Kysely } from 'kysely'
 
+export const phase = 'expand'
+
 /**
  * The event log's time range (`since`, `until`; the console's From and To):
  * without this index a range far back in a long log reads every newer event

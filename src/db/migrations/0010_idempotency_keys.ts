@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes, isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Idempotency keys (docs/api.md, "Retry-safe writes"): one row per key a
  * credential sent to one operation, holding the first answer so that a retry

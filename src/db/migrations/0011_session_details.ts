@@ -1,5 +1,7 @@
 import type { Kysely } from 'kysely'
 
+export const phase = 'expand'
+
 /**
  * Sessions a person can see (docs/sessions.md#your-sessions): how each was
  * opened, so a list of sessions can say "password", "LDAP", "OIDC (okta)" or

@@ -2,6 +2,8 @@ import { sql, type Kysely } from 'kysely'
 import { columnTypes, isPostgres } from '../database.ts'
 import { newId, nowIso } from '../../lib/ids.ts'
 
+export const phase = 'expand'
+
 /**
  * Groups as a resource (issue 18): a row per group and a row per membership.
  * `users.groups` stays: the user resource and its list pages are read from

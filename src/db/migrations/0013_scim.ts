@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * SCIM provisioning (docs/scim.md): what an identity provider keeps about a
  * user that gatehouse had no place for. `external_id` is the provider's own

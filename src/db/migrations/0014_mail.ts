@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * The mail outbox (docs/email.md#the-outbox): one row per message, written in
  * the transaction of what it tells about, sent by the mail worker. The

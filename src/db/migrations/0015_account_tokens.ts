@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes, isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * One-time account tokens (docs/email.md): the links and codes of
  * invitations, password resets and e-mail verification. Only digests are

@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Substring search (`q=` on the users list) by trigram index, and the
  * filters of that list by index (issue 20), among a million users.

@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * SCIM's enterprise extension (RFC 7643 §4.3, docs/scim.md):
  * `employee_number`, `cost_center`, `organization`, `division`,

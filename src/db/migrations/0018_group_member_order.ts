@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { columnTypes, isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * The users list's `group=` filter as an index range walked in page order
  * (issue 20): each membership row carries its user's sort keys (created_at,

@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * PostgreSQL: the change stamp of the users list pages (issue 20), a counter
  * that moves only with commits that can change a page, in place of

@@ -21,6 +21,8 @@ async function recreate (db: Kysely<any>, ignored: string[]): Promise<void> {
     execute function gatehouse_credentials_changed()`.execute(db)
 }
 
+export const phase = 'expand'
+
 export async function up (db: Kysely<any>): Promise<void> {
   if (!isPostgres(db)) return
   await recreate(db, ['failed_logins', 'locked_until', 'last_login_at'])

@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * Each user's User representation, kept rendered as JSON text in
  * `user_json`, so that a page of the users list is the concatenation of 50

@@ -1,6 +1,8 @@
 import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * PostgreSQL: how common each trigram of the searched fields is, kept by
  * ANALYZE (and so by autovacuum), at no cost to any write.

@@ -2,6 +2,9 @@ import { sql, type Kysely } from 'kysely'
 import { isPostgres } from '../database.ts'
 import { USER_FIELDS } from './0021_user_json.ts'
 
+// Contract: drops the user_json table that 0021 made (its rows move into users.user_json).
+export const phase = 'contract'
+
 /**
  * PostgreSQL: each user's stored User JSON (migration 0021) moves from the
  * `user_json` table into a column of `users`, `users.user_json`, written by a

@@ -4,6 +4,9 @@ import { isPostgres } from '../database.ts'
 // its triggers are what `down` puts back.
 import { createSqliteUserJsonTriggers, USER_FIELDS, userJsonSqlite } from './0021_user_json.ts'
 
+// Contract: drops the user_json table that 0021 made (its rows move into users.user_json).
+export const phase = 'contract'
+
 /**
  * SQLite: each user's stored User JSON (migration 0021) moves from the
  * `user_json` table into a column of `users`, `users.user_json`, as

@@ -37,6 +37,9 @@ async function refuseCaseDuplicates (db: Kysely<any>): Promise<Array<{ id: strin
   return rows
 }
 
+// Contract on PostgreSQL: name_key is NOT NULL, so a release before this one cannot insert a group.
+export const phase = 'contract'
+
 export async function up (db: Kysely<any>): Promise<void> {
   const rows = await refuseCaseDuplicates(db)
   await db.schema.alterTable('groups').addColumn('name_key', 'text').execute()

@@ -1,6 +1,8 @@
 import type { Kysely } from 'kysely'
 import { columnTypes } from '../database.ts'
 
+export const phase = 'expand'
+
 /**
  * One row per account and sign-in throttle window that has refused an
  * attempt (sessions/throttle.ts): the first refusal inserts it and records
