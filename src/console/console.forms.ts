@@ -136,6 +136,18 @@ const FORM_FIELDS = ['username', 'email', 'first_name', 'last_name', 'role', 'gr
 export type FormField = typeof FORM_FIELDS[number]
 
 /**
+ * The fields an identity provider keeps for a user it provisions through
+ * SCIM (userName, emails, name, active): read-only in the console, whose
+ * change its next sync would overwrite. Role, groups and password stay.
+ */
+export const SCIM_OWNED_FIELDS: readonly FormField[] = ['username', 'email', 'first_name', 'last_name', 'disabled']
+
+/** How a form field is named in a sentence. */
+export const FIELD_NAMES: Record<FormField, string> = {
+  username: 'the username', email: 'the email', first_name: 'the first name', last_name: 'the last name', role: 'the role', groups: 'the groups', disabled: 'whether the account is disabled'
+}
+
+/**
  * The values the edit form was filled with (`was_*` hidden fields), i.e. the
  * version the admin read; undefined when the form did not carry them.
  */

@@ -19,7 +19,7 @@ import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { GroupIdParams, GroupMemberParams } from '../groups/groups.schemas.ts'
 import { addMembers, createGroup, deleteGroupById, getGroup, listGroupsPage, listMembersPage, removeMember, updateGroupById } from '../groups/groups.service.ts'
 import { findUserById, pageString, type PageText } from '../users/users.repository.ts'
-import { findProvisioningOf } from '../scim/scim.repository.ts'
+import { findProvisionerName, findProvisioningOf } from '../scim/scim.repository.ts'
 import { mailAlert, mailPages, mailStateOf } from './mail-status.ts'
 import { findInvitationMail } from '../mail/mail.repository.ts'
 import { WebhookDeliveryParams, WebhookIdParams, type WebhookTestResult } from '../webhooks/webhooks.schemas.ts'
@@ -59,6 +59,8 @@ import {
   parseEventsFilter,
   parseKey,
   parsePatch,
+  SCIM_OWNED_FIELDS,
+  FIELD_NAMES,
   parseUsersQuery,
   parseWebhook,
   parseWebhookQuery,
@@ -230,6 +232,17 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     return usersFrom(admins.json).length < 2
   }
 
+  /**
+   * The identity provider that keeps the user's SCIM-owned fields (the name
+   * of its SCIM key), when one provisions them; undefined otherwise.
+   */
+  const scimOwnerOf = async (id: string, provisioning?: { externalId: string | null, provisionedAt: string | null }): Promise<string | undefined> => {
+    const facts = provisioning ?? await findProvisioningOf(app.db, id)
+    if (facts === undefined || (facts.externalId === null && facts.provisionedAt === null)) return undefined
+    return await findProvisionerName(app.db, id) ?? 'the identity provider'
+  }
+  const keptByIdp = (owner: string, what: string): string => `${what.charAt(0).toUpperCase()}${what.slice(1)} kept by ${owner}, which provisions this user through SCIM: change it there; its next sync would overwrite a change made here.`
+
   const renderUser = async (request: FastifyRequest, reply: FastifyReply, status: number, id: string, extra: Partial<UserView> = {}, notice?: SafeHtml | string): Promise<FastifyReply> => {
     const { user, version } = await getUser(deps, id)
     const [signIn, events, lastAdmin, mfa, liveSessions, provisioning] = await Promise.all([
@@ -241,9 +254,10 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
       findProvisioningOf(app.db, id)
     ])
     const eventNames = await partyNamesOf(app.db, events.events)
+    const provisioner = await scimOwnerOf(id, provisioning)
     const invitationMail = user.invitation_pending && app.mail !== undefined ? await findInvitationMail(app.db, id) ?? null : undefined
     return sendPage(reply, status, userPage(viewOf(request, notice), {
-      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning, invitationMail, ...extra
+      user, version, signIn, events: events.events, eventNames, moreEvents: events.nextCursor !== undefined, lastAdmin, mfa, sessions: liveSessions, provisioning: provisioning === undefined ? undefined : { ...provisioning, provisioner }, invitationMail, ...extra
     }))
   }
 
@@ -302,6 +316,14 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const again = { values, original, formVersion: Number(ifMatch.slice(1, -1)) }
     const parsed = parsePatch(fields, deps.passwordPolicy)
     if (!parsed.ok) return await renderUser(request, reply, 422, id, { ...again, errors: parsed.errors })
+    const owner = await scimOwnerOf(id)
+    // Without the form's original values every field is in the patch: only a value that differs from the stored one is a change.
+    const current = owner === undefined ? undefined : (await getUser(deps, id)).user as unknown as Record<string, unknown>
+    const patch = parsed.value as Record<string, unknown>
+    const ownedChanges = current === undefined ? [] : SCIM_OWNED_FIELDS.filter(field => field in patch && patch[field] !== current[field])
+    if (owner !== undefined && ownedChanges.length > 0) {
+      return await renderUser(request, reply, 409, id, { ...again, blocked: keptByIdp(owner, `${ownedChanges.map(field => FIELD_NAMES[field]).join(', ')} ${ownedChanges.length === 1 ? 'is' : 'are'}`) })
+    }
     if (Object.keys(parsed.value).length === 0) return await seeOther(reply, `${admin}/users/${id}?done=unchanged`)
     try {
       await updateUserById(deps, request.principal!, requestContext(request), id, parsed.value, ifMatch)
@@ -322,6 +344,8 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   for (const [action, disabled] of [['disable', true], ['enable', false]] as const) {
     app.post(`/admin/users/:user_id/${action}`, { ...userRoute, ...formPost }, async (request: UserRequest, reply) => {
       const id = request.params.user_id
+      const owner = await scimOwnerOf(id)
+      if (owner !== undefined) return await renderUser(request, reply, 409, id, { blocked: keptByIdp(owner, 'Whether the account is disabled is') })
       try {
         await updateUserById(deps, request.principal!, requestContext(request), id, { disabled }, undefined)
       } catch (error) {

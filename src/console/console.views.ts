@@ -82,12 +82,12 @@ function options<T extends string> (values: ReadonlyArray<readonly [T, string]>,
 }
 
 /** An input with its label, hint and error, wired together for screen readers. */
-function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string, filter?: boolean } = {}): SafeHtml {
+function input (name: string, label: string, value: string, errors: FieldErrors, extra: { type?: string, hint?: string, required?: boolean, autocomplete?: string, filter?: boolean, readonly?: boolean } = {}): SafeHtml {
   const error = errors[name]
   const described = [extra.hint !== undefined ? `${name}-hint` : '', error !== undefined ? `${name}-error` : ''].filter(Boolean).join(' ')
   return html`<div class="field">
 <label for="${name}">${label}${extra.required === true || extra.filter === true ? '' : html` <span class="muted">(optional)</span>`}</label>
-<input id="${name}" name="${name}" type="${extra.type ?? 'text'}" value="${value}"${extra.required === true ? html` required` : ''}${extra.autocomplete !== undefined ? html` autocomplete="${extra.autocomplete}"` : ''}${described !== '' ? html` aria-describedby="${described}"` : ''}${error !== undefined ? html` aria-invalid="true"` : ''}>
+<input id="${name}" name="${name}" type="${extra.type ?? 'text'}" value="${value}"${extra.required === true ? html` required` : ''}${extra.readonly === true ? html` readonly` : ''}${extra.autocomplete !== undefined ? html` autocomplete="${extra.autocomplete}"` : ''}${described !== '' ? html` aria-describedby="${described}"` : ''}${error !== undefined ? html` aria-invalid="true"` : ''}>
 ${extra.hint !== undefined ? html`<p class="hint" id="${name}-hint">${extra.hint}</p>` : ''}
 ${error !== undefined ? html`<p class="field-error" id="${name}-error">${label} ${error}.</p>` : ''}
 </div>`
@@ -109,18 +109,36 @@ function originalFields (original: UserFormValues): SafeHtml[] {
   return (Object.keys(original) as Array<keyof UserFormValues>).map(field => html`<input type="hidden" name="was_${field}" value="${String(original[field])}">`)
 }
 
-function userFields (values: UserFormValues, errors: FieldErrors, passwordHint: string): SafeHtml {
+/**
+ * The user's fields; with `ownedBy` (an identity provider that provisions the
+ * user through SCIM) the ones it keeps are read-only, since its next sync
+ * would overwrite a change made here. The disabled box, which a browser does
+ * not send while disabled, sends its value in a hidden field instead.
+ */
+function userFields (values: UserFormValues, errors: FieldErrors, passwordHint: string, ownedBy?: string): SafeHtml {
+  const owned = ownedBy !== undefined
+  const keptThere = owned ? `Kept by ${ownedBy} (SCIM): change it there.` : undefined
   return html`<div class="grid">
-${input('username', 'Username', values.username, errors, { required: true, autocomplete: 'off', hint: 'Letters, digits and . _ @ -; unique ignoring case.' })}
-${input('email', 'Email', values.email, errors, { type: 'email', autocomplete: 'off' })}
-${input('first_name', 'First name', values.first_name, errors, { autocomplete: 'off' })}
-${input('last_name', 'Last name', values.last_name, errors, { autocomplete: 'off' })}
+${input('username', 'Username', values.username, errors, { required: true, autocomplete: 'off', hint: keptThere ?? 'Letters, digits and . _ @ -; unique ignoring case.', readonly: owned })}
+${input('email', 'Email', values.email, errors, { type: 'email', autocomplete: 'off', hint: keptThere, readonly: owned })}
+${input('first_name', 'First name', values.first_name, errors, { autocomplete: 'off', hint: keptThere, readonly: owned })}
+${input('last_name', 'Last name', values.last_name, errors, { autocomplete: 'off', hint: keptThere, readonly: owned })}
 ${input('groups', 'Groups', values.groups, errors, { hint: 'Separated by commas, e.g. analysts, ops.', autocomplete: 'off' })}
 <div class="field"><label for="role">Role</label>
 <select id="role" name="role">${options([['user', 'user'], ['admin', 'admin']], values.role)}</select></div>
 ${input('password', 'Password', '', errors, { type: 'password', autocomplete: 'new-password', hint: passwordHint })}
 </div>
-<div class="field"><label class="check"><input type="checkbox" name="disabled" value="true"${values.disabled ? html` checked` : ''}> Disabled (cannot sign in; API keys stop working)</label></div>`
+${owned
+  ? html`<div class="field"><label class="check"><input type="checkbox" value="true" disabled aria-describedby="disabled-hint"${values.disabled ? html` checked` : ''}> Disabled (cannot sign in; API keys stop working)</label>
+${values.disabled ? html`<input type="hidden" name="disabled" value="true">` : ''}<p class="hint" id="disabled-hint">${keptThere}</p></div>`
+  : html`<div class="field"><label class="check"><input type="checkbox" name="disabled" value="true"${values.disabled ? html` checked` : ''}> Disabled (cannot sign in; API keys stop working)</label></div>`}`
+}
+
+/** Who keeps the user's SCIM-owned fields, when an identity provider provisions them; undefined otherwise. */
+function scimOwnerOf (view: UserView): string | undefined {
+  const provisioning = view.provisioning
+  if (provisioning === undefined || (provisioning.externalId === null && provisioning.provisionedAt === null)) return undefined
+  return provisioning.provisioner ?? 'the identity provider'
 }
 
 // ---------------------------------------------------------------------------
@@ -213,7 +231,7 @@ export interface UserView {
   /** The user's live sessions, as GET /api/users/{user_id}/sessions lists them. */
   sessions: SessionSummary[]
   /** What SCIM provisioning keeps about the user (docs/scim.md); absent or both null when no SCIM client manages them. */
-  provisioning?: { externalId: string | null, provisionedAt: string | null, enterprise?: EnterpriseFacts } | undefined
+  provisioning?: { externalId: string | null, provisionedAt: string | null, enterprise?: EnterpriseFacts, provisioner?: string } | undefined
   values?: UserFormValues
   /** The version and values an edit form being shown again was read at (else the stored user's). */
   formVersion?: number
@@ -315,6 +333,7 @@ export function userPage (ctx: ViewContext, view: UserView): string {
   const errors = view.errors ?? {}
   const values = view.values ?? formValuesOf(user)
   const locked = view.signIn.lockedUntil !== null
+  const owner = scimOwnerOf(view)
   const lastAdminNote = view.lastAdmin
     ? html`<p class="warning" id="last-admin-note"><strong>The last enabled admin.</strong> gatehouse always keeps one enabled admin, so that someone can manage it: ${user.username} cannot be disabled, made a user or deleted until another user is an admin.</p>`
     : ''
@@ -352,8 +371,8 @@ ${view.invitationMail !== undefined ? invitationDelivery(view.invitationMail) : 
 <dt>Last changed</dt><dd>${date(user.updated_at)}</dd>
 <dt>Last sign-in</dt><dd>${date(user.last_login_at)}</dd>
 <dt>Password</dt><dd>${user.password_changed_at === null ? 'none set: cannot sign in' : html`set ${date(user.password_changed_at)}`}</dd>
-${view.provisioning !== undefined && (view.provisioning.externalId !== null || view.provisioning.provisionedAt !== null)
-  ? html`<dt>Provisioning</dt><dd id="provisioning">managed by SCIM${view.provisioning.externalId !== null ? html`; externalId <code>${view.provisioning.externalId}</code>` : ''}; last provisioning change ${date(view.provisioning.provisionedAt)}. Changes made here are overwritten by the identity provider's next sync.</dd>`
+${owner !== undefined
+  ? html`<dt>Provisioning</dt><dd id="provisioning">managed by ${owner} through SCIM${view.provisioning!.externalId !== null ? html`; externalId <code>${view.provisioning!.externalId}</code>` : ''}; last provisioning change ${date(view.provisioning!.provisionedAt)}. Its username, email, names and whether it is disabled are kept there and read-only here.</dd>`
   : ''}
 ${enterpriseFacts(view.provisioning?.enterprise, `${ctx.base}/admin/users`)}
 <dt>Sign-in lock</dt><dd>${locked ? html`locked for unknown clients until ${date(view.signIn.lockedUntil)}` : 'not locked'}; ${view.signIn.failedLogins} failed sign-in${view.signIn.failedLogins === 1 ? '' : 's'} counted</dd>
@@ -361,15 +380,18 @@ ${enterpriseFacts(view.provisioning?.enterprise, `${ctx.base}/admin/users`)}
 ${lastAdminNote}
 <section class="panel" aria-labelledby="edit-title"><h2 id="edit-title">Edit</h2>
 ${errorSummary(errors, view.general)}
+${owner !== undefined ? html`<p id="idp-owned">${owner} provisions ${user.username} through SCIM and keeps their username, email, names and whether the account is disabled: change those in ${owner}. The role, groups and password can be changed here.</p>` : ''}
 <form method="post" action="${url}" novalidate>
 <input type="hidden" name="version" value="${view.formVersion ?? view.version}">
 ${originalFields(view.original ?? formValuesOf(user))}
-${userFields(values, errors, 'Leave empty to keep the current password. Setting one ends their sessions and revokes their API keys.')}
+${userFields(values, errors, 'Leave empty to keep the current password. Setting one ends their sessions and revokes their API keys.', owner)}
 <button type="submit">Save changes</button>
 </form></section>
 <section class="panel" aria-labelledby="actions-title"><h2 id="actions-title">Actions</h2>
 <div class="actions">
-${user.disabled
+${owner !== undefined
+  ? ''
+  : user.disabled
   ? html`<form method="post" action="${url}/enable"><button type="submit" class="secondary">Enable</button></form>`
   : html`<form method="post" action="${url}/disable" data-confirm="Disable ${user.username}? Their sessions end and their API keys are revoked." data-confirm-label="Disable"><button type="submit" class="secondary">Disable</button></form>`}
 <form method="post" action="${url}/unlock"><button type="submit" class="secondary">Reset sign-in lock</button></form>

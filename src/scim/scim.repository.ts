@@ -50,6 +50,28 @@ export async function findProvisioningOf (db: Db, id: string): Promise<{ externa
   }
 }
 
+/**
+ * The name of the SCIM key (so: the identity provider, as whoever made the key
+ * named it) that last changed the user: only a key with the `scim` scope
+ * reaches SCIM, and each SCIM change is an event with that key as actor.
+ * Undefined when none of the user's recent events came through one.
+ */
+export async function findProvisionerName (db: Db, userId: string): Promise<string | undefined> {
+  const events = await db.selectFrom('events').select('actor_id')
+    .where('target_type', '=', 'user').where('target_id', '=', userId).where('actor_type', '=', 'api_key')
+    .orderBy('occurred_at', 'desc').orderBy('id', 'desc').limit(20).execute()
+  const keyIds = [...new Set(events.map(event => event.actor_id).filter((id): id is string => id !== null))]
+  if (keyIds.length === 0) return undefined
+  const keys = await db.selectFrom('api_keys').select(['id', 'name', 'scopes']).where('id', 'in', keyIds).execute()
+  const scimKeys = new Map(keys.filter(key => scopesOf(key.scopes).includes('scim')).map(key => [key.id, key.name]))
+  return keyIds.map(id => scimKeys.get(id)).find(name => name !== undefined)
+}
+
+function scopesOf (stored: unknown): unknown[] {
+  const value: unknown = typeof stored === 'string' ? JSON.parse(stored) : stored
+  return Array.isArray(value) ? value : []
+}
+
 /** The id of the user holding this address as their `email`, if any (addresses are unique ignoring case). */
 export async function findUserIdByEmail (db: Db, email: string): Promise<string | undefined> {
   const row = await db.selectFrom('users').select('id').where('email_key', '=', email.toLowerCase()).executeTakeFirst()
