@@ -3,6 +3,7 @@ import type { AddressInfo } from 'node:net'
 import { test } from 'node:test'
 import { browserSkipped, launchChromium, type Browser } from './browser.ts'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName } from './helpers.ts'
+import { waitFor } from './polling.ts'
 
 // The docs page is the subject here, not the database: SQLite is enough.
 const dialect = dialects()[0]!
@@ -33,7 +34,9 @@ test(`docs page in a real browser: deep link, the SCIM section, Authorize, Try i
     // A deep link opens the operation it names.
     await page.goto(`${origin}/auth/docs#/default/create_user_users_post`)
     const createOp = page.locator('#operations-default-create_user_users_post')
-    await createOp.waitFor({ state: 'visible' })
+    // Polled rather than locator.waitFor: with Chromium 156.0.8078.114 a waitFor begun while Swagger UI
+    // renders the deep link never settled (15 s timeout), though the same locator was visible throughout.
+    await waitFor('the deep-linked operation to show', async () => await createOp.isVisible())
     await page.locator('#operations-default-create_user_users_post.is-open').waitFor({ state: 'visible' })
     assert.ok(await createOp.locator('.opblock-body').isVisible(), 'the deep-linked Create User operation is expanded')
 
