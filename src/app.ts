@@ -57,6 +57,7 @@ import { MailWorker } from './mail/mail.worker.ts'
 import { PASSWORD_RESET_REQUEST, resolvePasswordResetRequest } from './password-resets/password-resets.service.ts'
 import { prepareCode } from './tokens/token-codes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
+import { LICENSE } from './system/release.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
 import { LogDestination } from './system/log-destination.ts'
 import { ACCESS_MESSAGE, accessLine, loggerOptions } from './system/access-log.ts'
@@ -473,6 +474,7 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
       info: {
         title: 'gatehouse: Auth API',
         version: RELEASE,
+        license: { name: LICENSE, identifier: LICENSE },
         description: 'Manages the users of the web UI of the workflow and data-pipeline service: list, create, read, update and delete them; ' +
           'issue revocable API keys; read the event log. Operations tagged `default` are the current release (`/api/...`); ' +
           'those tagged `legacy` are release 3.6.1\'s paths, kept as deprecated aliases.\n\n' +

@@ -7,6 +7,7 @@ import { after, before, describe, it } from 'node:test'
 import fc from 'fast-check'
 import pg from 'pg'
 import { createRoleSql, parsePrivileges, roleNameProblem, saslprep, scramVerifier } from '../src/cli/pg-role.ts'
+import { SUPERUSER_PRIVILEGES_OPTION } from '../src/lib/pg-role-name.ts'
 import { auth, createTestApp, type TestApp } from './helpers.ts'
 import { listen, runCli, runCliOnTerminal, SCRIPT } from './cli-helpers.ts'
 import { waitFor } from './polling.ts'
@@ -103,6 +104,29 @@ describe('db-user rules (no database needed)', () => {
     const plain = await runCliOnTerminal(['db-user', 'create', 'ada', '--privileges', 'createdb'], { columns: 100, answers: [{ after: 'Password: ', type: '\u0003' }] })
     assert.equal(plain.code, 130, plain.output)
     assert.ok(!plain.output.includes(question))
+  })
+
+  it('spells the superuser step one way in the help of both commands and in the docs, and never asks for login in the list', async () => {
+    assert.equal(SUPERUSER_PRIVILEGES_OPTION, '--privileges createdb,superuser')
+    assert.deepEqual([...parsePrivileges(SUPERUSER_PRIVILEGES_OPTION.split(' ')[1]!)].sort(), ['createdb', 'login', 'superuser'])
+    for (const args of [['db-user', 'create', '--help'], ['users', 'create', '--help']]) {
+      const r = await runCli(args)
+      assert.equal(r.code, 0, r.stderr)
+      // Commander wraps long descriptions; the words are what matters.
+      const help = r.stdout.replace(/\s+/g, ' ')
+      assert.ok(help.includes(SUPERUSER_PRIVILEGES_OPTION), `${args.join(' ')}: ${help}`)
+      assert.ok(help.includes('the role always has LOGIN'), args.join(' '))
+    }
+    const root = new URL('..', import.meta.url)
+    const docs = ['README.md', ...readdirSync(new URL('docs/', root)).filter(f => f.endsWith('.md')).map(f => `docs/${f}`)]
+    for (const file of ['README.md', 'docs/cli.md', 'docs/console.md']) {
+      assert.ok(readFileSync(new URL(file, root), 'utf8').replace(/\s+/g, ' ').includes(SUPERUSER_PRIVILEGES_OPTION), file)
+    }
+    const sources = readdirSync(new URL('src/', root), { recursive: true, encoding: 'utf8' }).filter(f => f.endsWith('.ts')).map(f => `src/${f}`)
+    for (const file of [...docs, ...sources]) {
+      // `login` in a list is accepted but adds nothing; showing it suggests it is needed.
+      assert.doesNotMatch(readFileSync(new URL(file, root), 'utf8'), /--privileges[ =]\S*(,login|login,)/, file)
+    }
   })
 
   it('builds a SCRAM-SHA-256 verifier of the password with a fresh 16-byte salt', () => {

@@ -4,6 +4,7 @@ import { before, describe, it } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import { generate } from 'otplib'
 import { auth, dialects, GOOD_PASSWORD, uniqueName, useTestApp, type TestApp } from './helpers.ts'
+import { SUPERUSER_PRIVILEGES_OPTION } from '../src/lib/pg-role-name.ts'
 
 const ORIGIN = 'http://localhost:80'
 const FORM = 'application/x-www-form-urlencoded'
@@ -217,6 +218,7 @@ for (const dialect of dialects()) {
       await signIn(t, withPassword)
       const page = await get(t, admin.cookie, String(res.headers.location))
       assert.match(page.body, new RegExp(`npx gatehouse db-user create ${withPassword}`))
+      assert.ok(page.body.includes(`the role always has LOGIN); for a superuser add ${SUPERUSER_PRIVILEGES_OPTION}.`), 'the hint spells the superuser step as the CLI help does')
 
       const without = uniqueName('nopw')
       const res2 = await post(t, admin.cookie, '/auth/admin/users', { username: without, role: 'user' })

@@ -1,5 +1,6 @@
 import { strict as assert } from 'node:assert'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { request as httpRequest } from 'node:http'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { describe, it } from 'node:test'
@@ -8,6 +9,7 @@ import addFormats from 'ajv-formats'
 import openapiTS, { astToString, type OpenAPI3 } from 'openapi-typescript'
 import ts from 'typescript'
 import { auth, createTestApp, dialects, GOOD_PASSWORD, uniqueName, useTestApp } from './helpers.ts'
+import { listen } from './cli-helpers.ts'
 
 type Doc = Record<string, any>
 
@@ -39,6 +41,18 @@ function operations (document: Doc): Map<string, Doc> {
     for (const op of Object.values<Doc>(item)) ops.set(op.operationId, op)
   }
   return ops
+}
+
+/** One request over a real socket, with the header names exactly as given (fetch would lower-case them). */
+async function rawRequest (base: string, method: string, path: string, headers: Record<string, string>, body?: string): Promise<{ status: number, headers: Record<string, unknown>, body: string }> {
+  return await new Promise((resolve, reject) => {
+    const req = httpRequest(`${base}${path}`, { method, headers }, (res) => {
+      let text = ''
+      res.setEncoding('utf8').on('data', (d: string) => { text += d }).on('end', () => { resolve({ status: res.statusCode!, headers: res.headers, body: text }) })
+    })
+    req.on('error', reject)
+    req.end(body)
+  })
 }
 
 /** A response's headers, with references to components.headers resolved. */
@@ -83,6 +97,36 @@ describe('the OpenAPI document as a typed client sees it', () => {
       export const nope: string = read['X-Not-Declared']
     `)
     assert.equal(undeclared.length, 1, undeclared.join('\n'))
+  })
+
+  it('states the package\'s licence as info.license, by its SPDX identifier', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    const { license } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { license: string }
+    assert.equal(license, 'Apache-2.0')
+    assert.deepEqual(document.info.license, { name: license, identifier: license })
+  })
+
+  it('declares request headers as the docs spell them (If-Match, Idempotency-Key), which a generated client then accepts', async () => {
+    const document = (await t.app.inject({ url: '/auth/openapi.json' })).json()
+    const headerNames = new Set<string>()
+    for (const op of operations(document).values()) {
+      for (const parameter of op.parameters ?? []) if (parameter.in === 'header') headerNames.add(parameter.name)
+    }
+    assert.deepEqual([...headerNames].sort(), ['Idempotency-Key', 'If-Match'])
+    const consumer = `
+      import type { operations } from './api.ts'
+      type Headers<Op extends keyof operations> = NonNullable<operations[Op]['parameters']['header']>
+      export const update: Headers<'update_user_users__user_id__patch'> = { 'If-Match': '"3"' }
+      export const remove: Headers<'delete_user_users__user_id__delete'> = { 'If-Match': '"3"' }
+      export const create: Headers<'create_user_users_post'> = { 'Idempotency-Key': '"8e03978e-40d5-43e8-bc93-6894a57f9324"' }
+    `
+    assert.deepEqual(await typecheckAgainstGeneratedClient(document, consumer), [])
+    // The lower-case spelling, which the document had before, is now refused as an unknown property.
+    const lower = await typecheckAgainstGeneratedClient(document, `
+      import type { operations } from './api.ts'
+      export const update: NonNullable<operations['update_user_users__user_id__patch']['parameters']['header']> = { 'if-match': '"3"' }
+    `)
+    assert.equal(lower.length, 1, lower.join('\n'))
   })
 
   it('declares every error as application/problem+json (SCIM\'s as SCIM\'s error body), and the 429 with Retry-After and the RateLimit headers', async () => {
@@ -267,6 +311,25 @@ for (const dialect of dialects()) {
       // The check can fail: an answer missing what the schema requires does not validate.
       const validate = ajv.compile({ $ref: 'openapi.json#/components/schemas/ScimError' })
       assert.equal(validate({ schemas: ['urn:ietf:params:scim:api:messages:2.0:Error'], status: 404, detail: 'x' }), false)
+    })
+
+    it('takes If-Match and Idempotency-Key in any letter case over HTTP, as the document spells them or not', async () => {
+      const base = await listen(t.app)
+      const key = { 'X-API-Key': t.adminKey, 'Content-Type': 'application/json' }
+      const body = JSON.stringify({ username: uniqueName('casing'), password: GOOD_PASSWORD })
+      const first = await rawRequest(base, 'POST', '/api/users', { ...key, 'Idempotency-Key': '"casing-1"' }, body)
+      assert.equal(first.status, 201, first.body)
+      const again = await rawRequest(base, 'POST', '/api/users', { ...key, 'IDEMPOTENCY-KEY': '"casing-1"' }, body)
+      assert.equal(again.status, 201, again.body)
+      assert.equal(again.headers['idempotent-replayed'], 'true', 'the same key in capitals is the same key')
+      const id = JSON.parse(first.body).id as string
+      const patch = JSON.stringify({ first_name: 'Casing' })
+      for (const name of ['If-Match', 'if-match', 'IF-MATCH']) {
+        const stale = await rawRequest(base, 'PATCH', `/api/users/${id}`, { ...key, 'Content-Type': 'application/merge-patch+json', [name]: '"999"' }, patch)
+        assert.equal(stale.status, 412, `${name}: ${stale.body}`)
+      }
+      const current = await rawRequest(base, 'PATCH', `/api/users/${id}`, { ...key, 'Content-Type': 'application/merge-patch+json', 'If-Match': String(first.headers.etag) }, patch)
+      assert.equal(current.status, 200, current.body)
     })
 
     it('on a 429 from the address limit, which is refused before any other hook runs', async () => {

@@ -9,14 +9,12 @@ import {
   DEFAULT_PRIVILEGES,
   dropRole,
   parsePrivileges,
-  OPTIONAL_PRIVILEGES,
   PRIVILEGES,
   serviceDatabaseName,
   SUPERUSER_WARNING,
   type Privilege
 } from './pg-role.ts'
-
-export const PRIVILEGES_HELP = `comma-separated, from ${OPTIONAL_PRIVILEGES.join(', ')}; the role always has LOGIN`
+import { PRIVILEGES_HELP } from '../lib/pg-role-name.ts'
 
 /** Checked before anything is changed, so a mistake never leaves half a workflow behind. */
 export function planRole (name: string, privilegesList: string): Set<Privilege> {

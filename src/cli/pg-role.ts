@@ -1,7 +1,7 @@
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { CliError, UsageError } from './output.ts'
-import { DATABASE_ROLE_PRIVILEGES, roleNameProblem } from '../lib/pg-role-name.ts'
+import { DATABASE_ROLE_PRIVILEGES, DEFAULT_DATABASE_ROLE_PRIVILEGES, OPTIONAL_DATABASE_ROLE_PRIVILEGES, roleNameProblem } from '../lib/pg-role-name.ts'
 
 export { roleNameProblem }
 
@@ -14,14 +14,8 @@ export { roleNameProblem }
 
 export const PRIVILEGES = DATABASE_ROLE_PRIVILEGES
 export type Privilege = typeof PRIVILEGES[number]
-/**
- * What `--privileges` chooses from. A database user always has LOGIN, as
- * CREATE USER gives it: a role for a person that cannot log in is no use to
- * them. `login` is still accepted in the list (older scripts pass it) and
- * changes nothing.
- */
-export const OPTIONAL_PRIVILEGES = ['superuser', 'createdb', 'createrole'] as const
-export const DEFAULT_PRIVILEGES = 'createdb'
+export const OPTIONAL_PRIVILEGES = OPTIONAL_DATABASE_ROLE_PRIVILEGES
+export const DEFAULT_PRIVILEGES = DEFAULT_DATABASE_ROLE_PRIVILEGES
 
 export function checkRoleName (name: string): void {
   const problem = roleNameProblem(name)

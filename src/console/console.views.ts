@@ -1,7 +1,7 @@
 import type { ApiKey, ApiKeyWithSecret } from '../api-keys/api-keys.schemas.ts'
 import type { Group } from '../groups/groups.schemas.ts'
 import { SCOPES } from '../auth/principal.ts'
-import { roleNameProblem } from '../lib/pg-role-name.ts'
+import { roleNameProblem, SUPERUSER_PRIVILEGES_OPTION } from '../lib/pg-role-name.ts'
 import { EVENT_TYPES, type Event } from '../events/events.schemas.ts'
 import type { PartyNames } from '../events/events.service.ts'
 import type { EnterpriseFacts } from '../scim/scim.repository.ts'
@@ -212,7 +212,7 @@ export function dbUserCommand (username: string, action: 'create' | 'drop'): Saf
   return html`<pre class="command"><code>${command}</code></pre>
 ${problem !== undefined ? html`<p class="hint">“${username}” cannot be a role name (${problem}); the command above uses “${role}”. Choose another lower-case name if you prefer.</p>` : ''}
 <p class="hint">${action === 'create'
-  ? 'It asks for the password and creates the role with LOGIN CREATEDB; add --privileges login,createdb,superuser for a superuser. See docs/cli.md.'
+  ? `It asks for the password and creates the role with LOGIN CREATEDB (the role always has LOGIN); for a superuser add ${SUPERUSER_PRIVILEGES_OPTION}. See docs/cli.md.`
   : 'It drops that role and nothing else. See docs/cli.md.'}</p>`
 }
 

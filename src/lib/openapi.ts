@@ -263,6 +263,28 @@ function idempotencyKeyParameter (headers: Record<string, any> | undefined): { h
   return { headers: { type: 'object', ...headers, properties: { ...headers?.properties, 'idempotency-key': IDEMPOTENCY_KEY_PARAMETER } } }
 }
 
+/**
+ * Request headers as the docs and RFCs spell them. @fastify/swagger names a
+ * header parameter by its key in the route's schema, which is lower case
+ * because Fastify matches it against the lower-cased incoming headers (any
+ * case a client sends is accepted); a client generated from the document
+ * takes the name as written, so the document gets the canonical one.
+ */
+const REQUEST_HEADER_NAMES: Record<string, string> = {
+  'if-match': 'If-Match',
+  'idempotency-key': 'Idempotency-Key'
+}
+
+/** Gives each header parameter its canonical name; a header missing from REQUEST_HEADER_NAMES fails the document. */
+function canonicalHeaderParameters (path: string, parameters: Array<Record<string, any>> | undefined): void {
+  for (const parameter of parameters ?? []) {
+    if (parameter.in !== 'header') continue
+    const name = REQUEST_HEADER_NAMES[String(parameter.name).toLowerCase()]
+    if (name === undefined) throw new Error(`${path}: request header ${String(parameter.name)} has no canonical spelling in REQUEST_HEADER_NAMES`)
+    parameter.name = name
+  }
+}
+
 interface OpenApiDocument {
   paths?: Record<string, Record<string, Record<string, any>>>
   components?: { schemas?: Record<string, Record<string, any>>, headers?: Record<string, HeaderObject> }
@@ -274,7 +296,7 @@ const FORM_MEDIA_TYPES = ['application/x-www-form-urlencoded', 'multipart/form-d
  * The @fastify/swagger `transformObject` hook, run on the finished document:
  * puts the headers operationTransform prepared into the responses, as
  * references to components.headers (full header objects, with `required`);
- * and says how a form body carries an array (each item a repeated field,
+ * spells request headers canonically (REQUEST_HEADER_NAMES); and says how a form body carries an array (each item a repeated field,
  * `groups=a&groups=b`), which is how the routes read form bodies (lib/forms.ts).
  */
 export const finishDocument: SwaggerTransformObject = (documentObject) => {
@@ -282,8 +304,9 @@ export const finishDocument: SwaggerTransformObject = (documentObject) => {
   const document = documentObject.openapiObject as OpenApiDocument
   const schemas = document.components?.schemas ?? {}
   const used: Record<string, HeaderObject> = {}
-  for (const item of Object.values(document.paths ?? {})) {
+  for (const [path, item] of Object.entries(document.paths ?? {})) {
     for (const operation of Object.values(item)) {
+      canonicalHeaderParameters(path, operation.parameters)
       const pending = operation[PENDING_HEADERS] as Record<string, Record<string, string>> | undefined
       delete operation[PENDING_HEADERS]
       for (const [status, headers] of Object.entries(pending ?? {})) {

@@ -11,6 +11,25 @@ const ROLE_NAME = new RegExp(ROLE_NAME_PATTERN)
 /** What a created role may have, in the order reports list them. */
 export const DATABASE_ROLE_PRIVILEGES = ['superuser', 'createdb', 'createrole', 'login'] as const
 
+/**
+ * What `--privileges` chooses from. A database user always has LOGIN, as
+ * CREATE USER gives it: a role for a person that cannot log in is no use to
+ * them. `login` is still accepted in the list (older scripts pass it) and
+ * changes nothing.
+ */
+export const OPTIONAL_DATABASE_ROLE_PRIVILEGES = ['superuser', 'createdb', 'createrole'] as const
+export const DEFAULT_DATABASE_ROLE_PRIVILEGES = 'createdb'
+
+/**
+ * The one spelling of the seed's usual choice, superuser and create-database,
+ * that the CLI's help, the console's hint and the docs all show (issue 41:
+ * three spellings had drifted apart).
+ */
+export const SUPERUSER_PRIVILEGES_OPTION = '--privileges createdb,superuser'
+
+/** How `--privileges` is explained wherever it is: the CLI's help and the console's hint. */
+export const PRIVILEGES_HELP = `comma-separated, from ${OPTIONAL_DATABASE_ROLE_PRIVILEGES.join(', ')}; the role always has LOGIN; for a superuser: ${SUPERUSER_PRIVILEGES_OPTION}`
+
 /** Why `name` may not be a role name, or undefined when it may. */
 export function roleNameProblem (name: string): string | undefined {
   if (Buffer.byteLength(name, 'utf8') > 63) return 'it is longer than 63 bytes, which PostgreSQL would silently truncate'

@@ -4,3 +4,6 @@ import pkg from '../../package.json' with { type: 'json' }
 
 /** The release this build is: `GET /api/version`, the OpenAPI `info.version` and `gatehouse --version`. */
 export const RELEASE = pkg.version
+
+/** The package's SPDX licence, as the OpenAPI `info.license` states it. */
+export const LICENSE = pkg.license
