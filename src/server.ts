@@ -1,6 +1,5 @@
 import { realpathSync, write as writeAsync } from 'node:fs'
 import { pathToFileURL } from 'node:url'
-import { setFlagsFromString } from 'node:v8'
 import closeWithGrace from 'close-with-grace'
 import { buildApp } from './app.ts'
 import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
@@ -9,39 +8,10 @@ import { SchemaBehindError } from './db/migrate.ts'
 import { AppError } from './errors.ts'
 
 /**
- * Turns V8's allocation-site pretenuring off for this process, unless its
- * command line sets it either way (`node --allocation-site-pretenuring
- * dist/server.js`; NODE_OPTIONS may not carry this flag).
- *
- * Once most objects from one allocation site outlive a young-generation
- * collection, V8 allocates that site's objects in the old generation, which
- * only a full collection frees, and whatever they point to lives until then
- * too. Under load on PostgreSQL, objects node-postgres makes for each query
- * qualified (they wait for the database while collections run; a bare pg
- * client's run shows two sites tenured, `--trace-pretenuring`), and each
- * uncached page's text was promoted with them: a fifth to a quarter of all
- * the server allocated (`--trace-gc-nvp`; 0.006 of it with the flag off), a
- * full collection every 1.5 to 2 s, 2 to 4 page faults a response. Off, that
- * page cost 0.71 to 0.97 of the CPU time, server and backends (median 0.80,
- * eight interleaved rounds in two sittings), with 0.04 to 0.34 faults a
- * response, and the server held 181 to 221 MiB at most against 236 to 245
- * (issue 20, row 2: bench/ab-builds.ts; bench/README.md, "Issue 20:
- * pretenuring"). On SQLite neither moved. The flag is read as collections
- * run: set here, before the first request, it did as well as on the command
- * line (B/A 0.999, 1.059, 0.985).
- */
-function stopPretenuring (): void {
-  // Any spelling V8 takes: --allocation-site-pretenuring, --no-allocation-site-pretenuring, --noallocation_site_pretenuring.
-  if (process.execArgv.some(arg => /^--(no-?)?allocation[-_]site[-_]pretenuring$/.test(arg))) return
-  setFlagsFromString('--no-allocation-site-pretenuring')
-}
-
-/**
  * The process entry: config, bootstrap, listen, graceful shutdown. Run by
  * `npm start` (this file) and by `gatehouse serve` (src/cli/main.ts).
  */
 export async function startServer (): Promise<void> {
-  stopPretenuring()
   let config
   try {
     config = loadConfig()
