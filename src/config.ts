@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
 import { USERNAME_PATTERN } from './users/users.schemas.ts'
 import { trustFunction } from './lib/forwarded.ts'
+import { completeKeyRing, parseKeyRing } from './lib/key-ring.ts'
 import { readLdapConfig, type LdapConfig } from './sso/ldap.config.ts'
 import { parseOidcProviders, type OidcProviderSettings } from './sso/oidc.settings.ts'
 
@@ -128,6 +129,8 @@ export interface Config {
   mfaRequired: 'off' | 'admins' | 'all'
   /** AES-256 key for TOTP secrets at rest; without it TOTP cannot be enrolled (passkeys still can). */
   mfaEncryptionKey: Buffer | undefined
+  /** Every MFA_ENCRYPTION_KEY listed, mfaEncryptionKey first: each opens what it sealed (lib/key-ring.ts). */
+  mfaKeyRing: Buffer[]
   /** Wrong second-factor codes per account, from anywhere, before 429 (per LOGIN_FAILURE_WINDOW_S). */
   mfaMaxFailures: number
   /** WebAuthn relying party id (a domain); the request's host name when unset. */
@@ -268,6 +271,7 @@ const DEFAULTS: Config = {
   webhookRetentionMs: 30 * 86_400_000,
   mfaRequired: 'off',
   mfaEncryptionKey: undefined,
+  mfaKeyRing: [],
   mfaMaxFailures: 5,
   webauthnRpId: undefined,
   webauthnOrigins: [],
@@ -409,13 +413,8 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
     throw new ConfigError(`MFA_REQUIRED must be off, admins or all, got "${mfaRequired}"`)
   }
   c.mfaRequired = mfaRequired
-  const mfaKey = str('MFA_ENCRYPTION_KEY')
-  if (mfaKey !== undefined) {
-    // 32 bytes as 64 hex digits or as base64 (`openssl rand -base64 32`); anything else is a typo, not a key.
-    const bytes = /^[0-9a-fA-F]{64}$/.test(mfaKey) ? Buffer.from(mfaKey, 'hex') : /^[A-Za-z0-9+/_-]{43}=?$/.test(mfaKey) ? Buffer.from(mfaKey, 'base64') : undefined
-    if (bytes?.length !== 32) throw new ConfigError('MFA_ENCRYPTION_KEY must be 32 bytes, as 64 hex digits or base64 (openssl rand -base64 32)')
-    c.mfaEncryptionKey = bytes
-  }
+  const mfaKeys = str('MFA_ENCRYPTION_KEY')
+  if (mfaKeys !== undefined) c.mfaKeyRing = parseKeyRing(mfaKeys, message => new ConfigError(message))
   c.mfaMaxFailures = int('MFA_MAX_FAILURES', c.mfaMaxFailures)
   c.webauthnRpId = str('WEBAUTHN_RP_ID')
   c.webauthnOrigins = (str('WEBAUTHN_ORIGINS') ?? '').split(',').map(o => o.trim()).filter(o => o !== '')
@@ -548,7 +547,8 @@ function validate (c: Config): Config {
   if (c.bootstrapAdminUsername !== undefined && !new RegExp(USERNAME_PATTERN).test(c.bootstrapAdminUsername)) {
     throw new ConfigError('GATEHOUSE_ADMIN_USERNAME must be 1 to 64 characters from A-Z a-z 0-9 . _ @ -')
   }
-  if (c.mfaEncryptionKey !== undefined && c.mfaEncryptionKey.length !== 32) throw new ConfigError('MFA_ENCRYPTION_KEY must be 32 bytes')
+  c.mfaKeyRing = completeKeyRing(c.mfaEncryptionKey, c.mfaKeyRing, message => new ConfigError(message))
+  c.mfaEncryptionKey = c.mfaKeyRing[0]
   if (c.mfaMaxFailures < 1) throw new ConfigError('MFA_MAX_FAILURES must be at least 1')
   if (c.oidcRedirectOrigin !== undefined && !/^https?:\/\/[^/]+$/.test(c.oidcRedirectOrigin)) {
     throw new ConfigError(`OIDC_REDIRECT_ORIGIN looks like https://ui.example.com, got "${c.oidcRedirectOrigin}"`)

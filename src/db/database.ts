@@ -139,7 +139,7 @@ export interface SignInAddressesTable {
 
 export interface TotpFactorsTable {
   user_id: string
-  /** Encrypted (mfa/secret-box.ts). */
+  /** Encrypted (lib/secret-box.ts). */
   secret: string
   confirmed_at: NullableTimestamp
   /** bigint: pg hands it back as a string. */
@@ -259,7 +259,7 @@ export interface OidcProvidersTable {
   display_name: string
   issuer: string
   client_id: string
-  /** Sealed (mfa/secret-box.ts) under MFA_ENCRYPTION_KEY; null for a public client. */
+  /** Sealed (lib/secret-box.ts) under MFA_ENCRYPTION_KEY; null for a public client. */
   client_secret: string | null
   scopes: JsonArray
   enabled: Bool

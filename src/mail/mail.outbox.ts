@@ -6,7 +6,7 @@ import type { Db } from '../db/database.ts'
 import { deploymentSecret } from '../db/deployment-secrets.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { deviceOf } from '../lib/user-agent.ts'
-import { keyId, open, seal, SecretBoxError } from '../mfa/secret-box.ts'
+import { keyId, open, seal, SecretBoxError } from '../lib/secret-box.ts'
 import { findMailRecipient, findSessionOrigin, insertMail } from './mail.repository.ts'
 import { TEMPLATE_NAMES } from './mail.templates.ts'
 

@@ -11,11 +11,11 @@ import { databaseMailKey, mailKeyOf, onMailQueued, openPayload, sealPayload, typ
 import { PollingLoop } from '../lib/polling-loop.ts'
 import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
 import { TemplateError, withReadableTimes, type MailTemplates } from './mail.templates.ts'
-import { SecretBoxError } from '../mfa/secret-box.ts'
+import { SecretBoxError } from '../lib/secret-box.ts'
 
 export type MailWorkerSettings = Pick<Config,
   'smtpUrl' | 'smtpRequireTls' | 'mailFrom' | 'mailDkim' | 'mailTimeoutMs' | 'mailPollIntervalMs' | 'mailRetryBaseMs' |
-  'mailRetryMaxDelayMs' | 'mailRetryHorizonMs' | 'productName' | 'publicUrl' | 'host' | 'port' | 'basePath' | 'smtpTrustForTests' | 'mfaEncryptionKey'>
+  'mailRetryMaxDelayMs' | 'mailRetryHorizonMs' | 'productName' | 'publicUrl' | 'host' | 'port' | 'basePath' | 'smtpTrustForTests' | 'mfaKeyRing'>
 
 export interface MailObservation {
   outcome: 'sent' | 'retry' | 'failed'
@@ -265,8 +265,8 @@ export class MailWorker {
   async #cycle (): Promise<void> {
     try {
       if (this.#keys === undefined) {
-        const configured = mailKeyOf(this.#settings.mfaEncryptionKey)
-        this.#keys = [...(configured !== undefined ? [configured] : []), await databaseMailKey(this.#db)]
+        // Every key of the ring opens what it sealed; the database's own, what was queued before MFA_ENCRYPTION_KEY was set.
+        this.#keys = [...this.#settings.mfaKeyRing.map(key => mailKeyOf(key)!), await databaseMailKey(this.#db)]
       }
       while (!this.#loop.stopped) {
         const now = Date.now()

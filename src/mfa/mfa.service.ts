@@ -16,7 +16,7 @@ import {
 } from './mfa.repository.ts'
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './webauthn.ts'
-import { open, seal, SecretBoxError } from './secret-box.ts'
+import { open, seal, SecretBoxError } from '../lib/secret-box.ts'
 
 /** Distinguishes a sign-in challenge token from session tokens and API keys. */
 export const MFA_TOKEN_PREFIX = 'gatehouse_mfa_'
@@ -114,10 +114,10 @@ function secondFactorBudgets (deps: MfaDeps, userId: string, ip: string): Budget
 }
 
 async function openTotpSecret (deps: MfaDeps, userId: string, sealed: string): Promise<string | undefined> {
-  const key = deps.config.mfaEncryptionKey
-  if (key === undefined) return undefined
+  const keys = deps.config.mfaKeyRing
+  if (keys.length === 0) return undefined
   try {
-    return open(key, sealed, userId)
+    return open(keys, sealed, userId)
   } catch (error) {
     // A key that changed makes the factor unusable until reset; the code is then simply not accepted.
     if (error instanceof SecretBoxError) return undefined

@@ -12,7 +12,7 @@ export interface SessionsDeps {
   failures: FailureCounter
   config: Pick<Config, 'sessionIdleTimeoutMs' | 'sessionAbsoluteTimeoutMs' | 'loginMaxFailuresPerAccount' | 'loginMaxFailuresPerAddress' |
   'loginFailureWindowMs' | 'accountLockThreshold' | 'accountLockMs' | 'loginKnownClientDays' | 'passwordMinLength' | 'passwordMaxLength' | 'passwordContextWords' |
-  'mfaRequired' | 'mfaEncryptionKey' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs' |
+  'mfaRequired' | 'mfaEncryptionKey' | 'mfaKeyRing' | 'mfaMaxFailures' | 'webauthnRpId' | 'webauthnOrigins' | 'passwordSignIn' | 'ldap' | 'reauthWindowMs' |
   'smtpUrl' | 'mailNotices'>
   /** A hash with current parameters to verify against when there is no real one, so every failure costs the same. */
   dummyHash: string

@@ -5,7 +5,7 @@ import { AppError } from '../errors.ts'
 import { digestOf } from '../lib/secrets.ts'
 import { guardedFetch } from '../lib/guarded-fetch.ts'
 import { RefusedAddressError } from '../lib/ssrf-guard.ts'
-import { open, SecretBoxError } from '../mfa/secret-box.ts'
+import { open, SecretBoxError } from '../lib/secret-box.ts'
 import type { ProviderRow } from './oidc.repository.ts'
 import { isLoopback, type OidcProviderSettings } from './oidc.settings.ts'
 
@@ -26,12 +26,13 @@ export function secretContext (providerId: string): string {
   return `oidc_provider:${providerId}`
 }
 
-export function rowToSettings (row: ProviderRow, key: Buffer | undefined): OidcProviderSettings {
+/** `keys`: the MFA_ENCRYPTION_KEY ring, any of which may have sealed the secret. */
+export function rowToSettings (row: ProviderRow, keys: readonly Buffer[]): OidcProviderSettings {
   let clientSecret: string | undefined
   if (row.client_secret !== null) {
-    if (key === undefined) throw new AppError('dependency_unavailable', 503, `The client secret of provider "${row.id}" is sealed, and MFA_ENCRYPTION_KEY is not set.`)
+    if (keys.length === 0) throw new AppError('dependency_unavailable', 503, `The client secret of provider "${row.id}" is sealed, and MFA_ENCRYPTION_KEY is not set.`)
     try {
-      clientSecret = open(key, row.client_secret, secretContext(row.id))
+      clientSecret = open(keys, row.client_secret, secretContext(row.id))
     } catch (error) {
       if (!(error instanceof SecretBoxError)) throw error
       throw new AppError('dependency_unavailable', 503, `The client secret of provider "${row.id}" does not open with this MFA_ENCRYPTION_KEY (${error.message}); set it again.`)

@@ -23,7 +23,7 @@ async function findEnabledProvider (deps: SsoDeps, id: string): Promise<OidcProv
   if (configured !== undefined) return configured.enabled ? configured : undefined
   const row = await findProviderRow(deps.db, id)
   if (row === undefined || !toBool(row.enabled)) return undefined
-  return rowToSettings(row, deps.config.mfaEncryptionKey)
+  return rowToSettings(row, deps.config.mfaKeyRing)
 }
 
 /** The buttons of the sign-in page: enabled providers, configured ones first. */

@@ -5,7 +5,7 @@ import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent, REDACTED } from '../events/events.repository.ts'
 import { nowIso } from '../lib/ids.ts'
 import { checkDestination } from '../lib/ssrf-guard.ts'
-import { seal } from '../mfa/secret-box.ts'
+import { seal } from '../lib/secret-box.ts'
 import { countProviderRows, deleteProviderRow, findProviderRow, insertProviderRow, listProviderRows, updateProviderRow, type ProviderRowUpdate } from './oidc.repository.ts'
 import { MAX_PROVIDERS, type OidcProvider, type OidcProviderCreate, type OidcProviderPatch } from './oidc.schemas.ts'
 import { forgetProvider, rowToSettings, secretContext } from './oidc.client.ts'
@@ -36,7 +36,7 @@ function toProvider (p: OidcProviderSettings, basePath: string, secretSet: boole
 
 /** A row as the API shows it: the secret is never opened for this, only reported as set. */
 function rowToProvider (row: Parameters<typeof rowToSettings>[0], basePath: string): OidcProvider {
-  return toProvider(rowToSettings({ ...row, client_secret: null }, undefined), basePath, row.client_secret !== null)
+  return toProvider(rowToSettings({ ...row, client_secret: null }, []), basePath, row.client_secret !== null)
 }
 
 function notFound (id: string): AppError {

@@ -15,7 +15,7 @@ export async function up (db: Kysely<any>): Promise<void> {
 
   await db.schema.createTable('totp_factors')
     .addColumn('user_id', uuid, c => c.primaryKey().references('users.id').onDelete('cascade'))
-    // AES-256-GCM under MFA_ENCRYPTION_KEY (see mfa/secret-box.ts); never the plain secret.
+    // AES-256-GCM under MFA_ENCRYPTION_KEY (see lib/secret-box.ts); never the plain secret.
     .addColumn('secret', 'text', c => c.notNull())
     // Null while enrolment waits for its first code.
     .addColumn('confirmed_at', ts)

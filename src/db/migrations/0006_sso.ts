@@ -38,7 +38,7 @@ export async function up (db: Kysely<any>): Promise<void> {
     .addColumn('display_name', 'text', c => c.notNull())
     .addColumn('issuer', 'text', c => c.notNull())
     .addColumn('client_id', 'text', c => c.notNull())
-    // Sealed with MFA_ENCRYPTION_KEY (mfa/secret-box.ts); null for a public client (PKCE only).
+    // Sealed with MFA_ENCRYPTION_KEY (lib/secret-box.ts); null for a public client (PKCE only).
     .addColumn('client_secret', 'text')
     .addColumn('scopes', json, c => c.notNull())
     .addColumn('enabled', bool, c => c.notNull())

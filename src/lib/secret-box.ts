@@ -1,13 +1,15 @@
 import { createCipheriv, createDecipheriv, createHash, randomBytes } from 'node:crypto'
 
 /**
- * Secrets the server must read back (TOTP seeds) are kept encrypted with
- * AES-256-GCM under MFA_ENCRYPTION_KEY, which lives in the configuration and
- * never in the database: a dump of the database alone yields no usable seed.
- * The owner's user id is the associated data, so a ciphertext copied onto
- * another account does not decrypt. Stored as
+ * Secrets the server must read back (TOTP seeds, OIDC client secrets, mail
+ * payloads) are kept encrypted with AES-256-GCM under a key that lives in the
+ * configuration (MFA_ENCRYPTION_KEY, src/lib/key-ring.ts) and never in the
+ * database: a dump of the database alone yields no usable secret. The owner
+ * (a user id, a row id) is the associated data, so a ciphertext copied onto
+ * another row does not decrypt. Stored as
  * `v1.<key id>.<iv>.<ciphertext>.<tag>` (base64url), where the key id (the
- * first 8 bytes of the key's SHA-256) tells a wrong key from a damaged value.
+ * first 8 bytes of the key's SHA-256, never the key) says which key of a
+ * ring sealed it, so a rotation can open old values and find them.
  */
 const VERSION = 'v1'
 
@@ -25,13 +27,24 @@ export function seal (key: Buffer, plaintext: string, context: string): string {
 
 export class SecretBoxError extends Error {}
 
-/** The plaintext, or a SecretBoxError when the value was sealed under another key, for another context, or altered. */
-export function open (key: Buffer, sealed: string, context: string): string {
+/** The id of the key that sealed `sealed`, or undefined when it is not a sealed value. */
+export function sealedKeyId (sealed: string): string | undefined {
+  const parts = sealed.split('.')
+  return parts.length === 5 && parts[0] === VERSION ? parts[1] : undefined
+}
+
+/**
+ * The plaintext, opened with whichever of `keys` sealed it (a ring: one key or
+ * several); a SecretBoxError when none of them did, or the value was sealed for
+ * another context, or altered.
+ */
+export function open (keys: Buffer | readonly Buffer[], sealed: string, context: string): string {
   const [version, id, iv, body, tag, ...rest] = sealed.split('.')
   if (version !== VERSION || id === undefined || iv === undefined || body === undefined || tag === undefined || rest.length > 0) {
     throw new SecretBoxError('not a sealed secret')
   }
-  if (id !== keyId(key)) throw new SecretBoxError('sealed under another MFA_ENCRYPTION_KEY')
+  const key = (Buffer.isBuffer(keys) ? [keys] : keys).find(k => keyId(k) === id)
+  if (key === undefined) throw new SecretBoxError(`sealed under key id ${id}, which MFA_ENCRYPTION_KEY does not list`)
   try {
     const decipher = createDecipheriv('aes-256-gcm', key, Buffer.from(iv, 'base64url'))
     decipher.setAAD(Buffer.from(context, 'utf8'))
