@@ -2,8 +2,8 @@
  * MFA_ENCRYPTION_KEY as a key ring: one key, or a comma-separated list of
  * them. The first seals every new value; every listed key opens what it
  * sealed (src/lib/secret-box.ts finds it by the key id in the value), so a
- * rotation is: put the new key first, keep the old one listed, run
- * `gatehouse keys re-encrypt`, then drop the old one (docs/mfa.md).
+ * new key can be put first while the old one stays listed
+ * (docs/operations.md, Key rotation).
  */
 /** 32 bytes as 64 hex digits or as base64 (`openssl rand -base64 32`); anything else is a typo, not a key. */
 export function parseKey (text: string): Buffer | undefined {
