@@ -390,7 +390,7 @@ function allowedMethods (app: FastifyInstance, request: FastifyRequest): string[
 }
 
 /**
- * Headers every answer carries (app.ts sets them in onSend); the two handlers
+ * Headers every answer carries (system/http-policy.plugin.ts sets them in onSend); the two handlers
  * below answer outside any route, where no hook runs.
  */
 const STANDING_HEADERS: Record<string, string> = {
@@ -403,7 +403,7 @@ const STANDING_HEADERS: Record<string, string> = {
  * Fastify's `frameworkErrors`: a URL whose percent-encoding cannot be decoded,
  * or a path parameter longer than the router takes, found before routing.
  * No hook runs for these, so the headers every answer carries are set here,
- * `hsts` (config.hsts) over HTTPS as app.ts's onSend sets it.
+ * `hsts` (config.hsts) over HTTPS as the HTTP policy's onSend sets it.
  */
 export function answerFrameworkError (error: FastifyError, request: FastifyRequest, reply: FastifyReply, hsts: string | undefined): void {
   const appError = error.code === 'FST_ERR_MAX_PARAM_LENGTH'

@@ -29,20 +29,15 @@ function unstorable (text: string): string | undefined {
  * validation and before any handler (or a streamed answer) starts, gives both
  * databases the same 422 without a rule in every schema.
  */
-export function rejectNulBytes (request: FastifyRequest, _reply: unknown, done: (error?: Error) => void): void {
-  if (request.is404) {
-    done()
-    return
-  }
+export async function rejectNulBytes (request: FastifyRequest): Promise<void> {
+  if (request.is404) return
   const errors: FieldError[] = []
   collectUnstorable(request.query, 'query', errors)
   collectUnstorable(request.params, 'path', errors)
   collectUnstorable(request.body, 'body', errors)
   if (errors.length > 0) {
-    done(new AppError('validation_failed', 422, 'The request contains a NUL byte (U+0000) or a lone UTF-16 surrogate, which no value may contain.', { errors }))
-    return
+    throw new AppError('validation_failed', 422, 'The request contains a NUL byte (U+0000) or a lone UTF-16 surrogate, which no value may contain.', { errors })
   }
-  done()
 }
 
 /** Walks the value without recursion, so no nesting depth can exhaust the stack. */

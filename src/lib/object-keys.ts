@@ -43,20 +43,15 @@ export function ownValue<T> (table: Readonly<Record<string, T>>, name: string): 
  * code further on copies, merges and walks what clients send: refusing them
  * here means no client name can reach a prototype, however it is handled.
  * The JSON parser already refuses `__proto__` and `constructor.prototype`
- * (`onProtoPoisoning`/`onConstructorPoisoning: 'error'`, app.ts); this also
+ * (`onProtoPoisoning`/`onConstructorPoisoning: 'error'`, system/server-options.ts); this also
  * covers form fields, query names and a lone `constructor`.
  */
-export function rejectPrototypeNames (request: FastifyRequest, _reply: unknown, done: (error?: Error) => void): void {
-  if (request.is404) {
-    done()
-    return
-  }
+export async function rejectPrototypeNames (request: FastifyRequest): Promise<void> {
+  if (request.is404) return
   for (const [part, value] of [['query', request.query], ['body', request.body]] as const) {
     const pointer = prototypeNameIn(value)
     if (pointer !== undefined) {
-      done(new AppError('malformed_body', 400, `The ${part} contains a forbidden property name (__proto__, constructor or prototype) at ${pointer}.`))
-      return
+      throw new AppError('malformed_body', 400, `The ${part} contains a forbidden property name (__proto__, constructor or prototype) at ${pointer}.`)
     }
   }
-  done()
 }

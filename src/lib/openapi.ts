@@ -91,7 +91,7 @@ export function Nullable<T extends TSchema & { type: string }> (schema: T, optio
 // it sets itself with withHeaders(); the ones every route gets from a hook
 // (request id, request limit, 3.6.1 deprecation) are added by
 // operationTransform() from the route's config, so the document says what the
-// hooks in app.ts and the rate-limit plugin really send.
+// hooks in system/http-policy.plugin.ts and the rate-limit plugin really send.
 
 /** `name`: the header's name where its component's differs (SCIM's ETag is another header component than the REST API's). */
 interface HeaderObject { description: string, required?: boolean, schema: Record<string, unknown>, name?: string }

@@ -82,3 +82,18 @@ export class RequestDrain {
     if (this.#fresh.delete(socket)) this.#changed?.()
   }
 }
+
+/**
+ * Makes the app's stop begin by answering every request it accepted (see
+ * RequestDrain); returns whether the stop has begun. Call it before anything
+ * else adds a preClose hook, so that it runs first.
+ */
+export function drainRequestsOnClose (app: { server: Server, addHook: (name: 'preClose', hook: () => Promise<void>) => unknown }): () => boolean {
+  let stopping = false
+  const requests = new RequestDrain(app.server)
+  app.addHook('preClose', async () => {
+    stopping = true
+    await requests.drain()
+  })
+  return () => stopping
+}

@@ -138,7 +138,7 @@ export async function sealPayload (trx: Db, id: string, payload: MailPayload): P
 /**
  * Queues a request that the mail worker resolves into a message later, or
  * into none: a row of kind `kind` (not a template) whose sealed payload holds
- * `data`. The worker hands it to the resolver app.ts registered for the kind
+ * `data`. The worker hands it to the resolver sessions/sign-in.plugin.ts registered for the kind
  * (MailWorker.resolveRequests), which decides and writes in one transaction
  * with the row's change (docs/email.md#password-reset). What a request
  * handler must not decide before answering goes here: the row is the same

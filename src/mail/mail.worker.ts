@@ -118,7 +118,7 @@ export async function sendTestMessage (transport: Transporter<SMTPTransport.Sent
  * what goes with that decision (a token, an event) in `trx`, the transaction
  * that also turns the request's row into the message or removes it, so a
  * crash before that commits leaves the request to be resolved again, and one
- * after it leaves an ordinary message. app.ts registers one per kind: the
+ * after it leaves an ordinary message. sessions/sign-in.plugin.ts registers one per kind: the
  * worker imports no service. The resolver is made for each request before
  * the transaction opens: work that must not hold the database (an argon2id
  * hash would hold SQLite's one connection) is done then.

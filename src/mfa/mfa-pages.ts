@@ -15,7 +15,9 @@ import { authenticateSession, changeOwnPassword, endOtherOwnSessions, endOwnSess
 import { signInText, type SessionSummary } from '../sessions/sessions.schemas.ts'
 import type { PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
 import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
-import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, pendingTotpSetup, reauthenticate, reauthMethods, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending, type MfaProof, type ReauthProof } from './mfa.service.ts'
+import { cancelTotpSetup, confirmTotp, describeChallenge, finishPasskeyRegistration, mfaStatus, pendingTotpSetup, regenerateRecoveryCodes, removeTotp, startTotp, startTotpForChallenge, type MfaPending } from './mfa.service.ts'
+import type { MfaProof } from './factor-proofs.ts'
+import { assertRecentAuthentication, reauthenticate, reauthMethods, type ReauthProof } from './reauthentication.service.ts'
 import { relyingParty } from './mfa.http.ts'
 import { sendEmailVerification } from '../email-verification/email-verification.service.ts'
 import { getUser } from '../users/users.service.ts'
@@ -147,7 +149,7 @@ async function pagePrincipal (deps: SessionsDeps, request: FastifyRequest): Prom
  * a passkey, and the account page where a signed-in user enrols and removes
  * factors. Everything goes through the same services as the API.
  */
-/** The second-factor pages: a plugin of its own, registered by app.ts after the factors' API. */
+/** The second-factor pages: a plugin of its own, registered by sessions/sign-in.plugin.ts after the factors' API. */
 export default async function mfaPages (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const form = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }

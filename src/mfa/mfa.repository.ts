@@ -202,3 +202,18 @@ export async function deleteChallengesBefore (db: Db, before: string): Promise<n
   const result = await db.deleteFrom('mfa_challenges').where('expires_at', '<', before).executeTakeFirst()
   return Number(result.numDeletedRows)
 }
+
+export async function deleteRecoveryCodes (db: Db, userId: string): Promise<void> {
+  await db.deleteFrom('recovery_codes').where('user_id', '=', userId).execute()
+}
+
+export async function findPasskeyOf (db: Db, userId: string, id: string): Promise<{ id: string } | undefined> {
+  return await db.selectFrom('passkeys').select('id').where('id', '=', id).where('user_id', '=', userId).executeTakeFirst()
+}
+
+/** The user a passkey's credential id belongs to, with what a sign-in checks first. */
+export async function findPasskeyOwner (db: Db, credentialId: string) {
+  return await db.selectFrom('passkeys').innerJoin('users', 'users.id', 'passkeys.user_id')
+    .select(['users.id', 'users.disabled', 'users.locked_until'])
+    .where('passkeys.credential_id', '=', credentialId).executeTakeFirst()
+}

@@ -11,7 +11,8 @@ import {
   ReauthBody, Reauthenticated, RecoveryCodeList, TotpConfirm, TotpConfirmed, TotpSetup, UserParams, WebAuthnOptions
 } from './mfa.schemas.ts'
 import { completeSignIn, passkeySignIn } from '../sign-in/second-step.flow.ts'
-import { assertRecentAuthentication, cancelTotpSetup, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, reauthenticate, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn, startReauthPasskey, startTotp, startTotpForChallenge } from './mfa.service.ts'
+import { cancelTotpSetup, confirmTotp, finishPasskeyRegistration, mfaStatus, passkeyOptionsForChallenge, regenerateRecoveryCodes, removeOwnPasskey, removeTotp, renameOwnPasskey, resetFactors, startPasskeyRegistration, startPasskeySignIn, startTotp, startTotpForChallenge } from './mfa.service.ts'
+import { assertRecentAuthentication, reauthenticate, startReauthPasskey } from './reauthentication.service.ts'
 
 const JSON_ONLY = ['application/json']
 const REAUTH_NOTE = ' Needs a recent sign-in or re-authentication (REAUTH_WINDOW_SECONDS, default 10 minutes): otherwise 403 `reauthentication_required`; ' +

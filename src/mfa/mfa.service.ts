@@ -1,4 +1,3 @@
-import { createHash, randomInt, timingSafeEqual } from 'node:crypto'
 import { toBool, toIso, type Db } from '../db/database.ts'
 import { AppError } from '../errors.ts'
 import type { RequestContext } from '../auth/principal.ts'
@@ -7,31 +6,30 @@ import { newId, nowIso } from '../lib/ids.ts'
 import { digestOf, randomSecret } from '../lib/secrets.ts'
 import type { Budget } from '../sessions/failure-counter.ts'
 import type { SessionsDeps, SignInContext, SignInOpening } from '../sessions/sessions.types.ts'
-import { reserveAttempt, throttleBudgets } from '../sessions/throttle.ts'
-import { findSessionProof, markSessionReauthenticated } from '../sessions/sessions.repository.ts'
+import { reserveAttempt } from '../sessions/throttle.ts'
 import {
   acceptTotpStep, closeChallenge, countTotpConfirmFailure, countUnusedRecoveryCodes, deleteAllFactors, deletePasskey, deletePendingTotp, deleteTotp,
-  factorCounts, findOpenSignInChallenge, findTotp, insertChallenge, listPasskeys, listUnusedRecoveryCodes, putPendingTotp, renamePasskey, replaceRecoveryCodes,
-  setWebauthnChallenge, spendRecoveryCode, takeWebauthnChallenge
+  factorCounts, findOpenSignInChallenge, findTotp, insertChallenge, listPasskeys, putPendingTotp, renamePasskey,
+  setWebauthnChallenge, spendRecoveryCode, takeWebauthnChallenge, deleteRecoveryCodes, findPasskeyOf, findPasskeyOwner
 } from './mfa.repository.ts'
+import { findUserById } from '../users/users.repository.ts'
+import { storeRehashedPassword } from '../users/users.lifecycle.ts'
 import type { MfaMethod, MfaStatus, Passkey, PasskeyCredential, TotpSetup } from './mfa.schemas.ts'
-import { addPasskey, authenticationOptions, CEREMONY_MS, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './webauthn.ts'
-import { open, seal, SecretBoxError } from '../lib/secret-box.ts'
+import { addPasskey, authenticationOptions, challengeOf, checkAssertion, registrationOptions, toPasskey, type RelyingParty } from './webauthn.ts'
+import { seal } from '../lib/secret-box.ts'
+import { issueRecoveryCodes, matchRecoveryCode, openTotpSecret, prepareRecoveryCodes, ProofRejected, rememberCeremony, secondFactorBudgets, totpStep, type MfaProof, type PreparedRecoveryCodes } from './factor-proofs.ts'
 
 /** Distinguishes a sign-in challenge token from session tokens and API keys. */
 export const MFA_TOKEN_PREFIX = 'gatehouse_mfa_'
 /** Time from the right password to the second factor; long enough to fetch a phone. */
 const CHALLENGE_MS = 5 * 60_000
 const ISSUER = 'gatehouse'
-const RECOVERY_CODE_COUNT = 10
 /**
  * Wrong codes a pending TOTP set-up survives. A typo must not throw away the
  * entry the person just scanned, but a set-up left open must not take
  * guesses for ever either (each also spends the second-factor budget).
  */
 export const PENDING_TOTP_MAX_FAILURES = 10
-/** 32 symbols without 0/o, 1/l/i: ten of them are 50 bits, read aloud or typed without mistakes. */
-const RECOVERY_ALPHABET = 'abcdefghjkmnpqrstuvwxyz23456789'
 
 type MfaDeps = SessionsDeps
 type UserRow = { id: string, username: string, role: 'admin' | 'user' }
@@ -85,7 +83,7 @@ export async function openSignInChallenge (
   const expiresAt = new Date(now.getTime() + CHALLENGE_MS).toISOString()
   await deps.db.transaction().execute(async trx => {
     await within?.(trx)
-    if (rehash !== undefined) await trx.updateTable('users').set({ password_hash: rehash }).where('id', '=', user.id).execute()
+    if (rehash !== undefined) await storeRehashedPassword(trx, user.id, rehash)
     await insertChallenge(trx, {
       id, purpose: 'sign_in', digest: digestOf(token), user_id: user.id, webauthn_challenge: null, enrol: need.enrol, created_at: now.toISOString(), expires_at: expiresAt, sign_in_method: opened.method, sign_in_provider: opened.provider ?? null
     })
@@ -99,122 +97,6 @@ export async function openSignInChallenge (
 /** One answer to every failed second step: unknown, used or expired token, wrong code, rejected passkey. */
 function mfaFailed (): AppError {
   return new AppError('mfa_failed', 401, 'The second factor was not accepted, or the sign-in challenge has expired or was used; sign in again if it has.')
-}
-
-/**
- * A second factor's budgets: the account, from every address together (whoever
- * holds the challenge knows the password already, so spreading guesses over
- * addresses must not multiply them), and the address as for passwords.
- */
-function secondFactorBudgets (deps: MfaDeps, userId: string, ip: string): Budget[] {
-  return [
-    { key: `mfa:${userId}`, limit: deps.config.mfaMaxFailures },
-    { key: `addr:${ip}`, limit: deps.config.loginMaxFailuresPerAddress }
-  ]
-}
-
-async function openTotpSecret (deps: MfaDeps, userId: string, sealed: string): Promise<string | undefined> {
-  const keys = deps.config.mfaKeyRing
-  if (keys.length === 0) return undefined
-  try {
-    return open(keys, sealed, userId)
-  } catch (error) {
-    // A key that changed makes the factor unusable until reset; the code is then simply not accepted.
-    if (error instanceof SecretBoxError) return undefined
-    throw error
-  }
-}
-
-/** The time step a code belongs to, if it is this secret's code now (±30 s) and later than `after`. */
-async function totpStep (secret: string, code: string, after: number | null): Promise<number | undefined> {
-  const token = code.replace(/\s/g, '')
-  if (!/^\d{6}$/.test(token)) return undefined
-  const { verify: verifyTotp } = await import('otplib')
-  const result = await verifyTotp({ secret, token, epochTolerance: 30, ...(after !== null ? { afterTimeStep: after } : {}) })
-  // The functional API's result type also covers HOTP, which has no time step.
-  return result.valid && 'timeStep' in result ? result.timeStep : undefined
-}
-
-function normaliseRecoveryCode (code: string): string {
-  return code.toLowerCase().replace(/[^a-z0-9]/g, '')
-}
-
-function newRecoveryCodes (): string[] {
-  return Array.from({ length: RECOVERY_CODE_COUNT }, () => {
-    const chars = Array.from({ length: 10 }, () => RECOVERY_ALPHABET[randomInt(RECOVERY_ALPHABET.length)]!).join('')
-    return `${chars.slice(0, 5)}-${chars.slice(5)}`
-  })
-}
-
-/*
- * A recovery code holds about 50 bits: a plain digest of it falls to an
- * offline search by whoever reads the table, and the code then passes for a
- * second factor for as long as it stays unused (months). So each is stored as
- * an argon2id hash at the deployment's password cost (OWASP ASVS 5.0, 6.5.2),
- * behind its first two characters in clear (`ab$argon2id$...`): they pick the
- * one hash a typed code is checked against, so a try costs one verification,
- * not ten, and what stays hashed (8 characters, about 40 bits) would take
- * centuries of a core. Hashes are made and checked before the transaction
- * that stores or spends them: awaited inside it, on SQLite, they would hold
- * the one connection.
- */
-const RECOVERY_LOOKUP_LENGTH = 2
-
-/** Ten new codes and the rows that store them, hashed; issueRecoveryCodes writes them. */
-export interface PreparedRecoveryCodes { codes: string[], rows: Array<{ id: string, digest: string }> }
-
-async function prepareRecoveryCodes (deps: MfaDeps): Promise<PreparedRecoveryCodes> {
-  const codes = newRecoveryCodes()
-  const rows = await Promise.all(codes.map(async code => {
-    const normalised = normaliseRecoveryCode(code)
-    return { id: newId(), digest: `${normalised.slice(0, RECOVERY_LOOKUP_LENGTH)}$${await deps.passwords.hash(normalised)}` }
-  }))
-  return { codes, rows }
-}
-
-/** Replaces the user's recovery codes with the prepared ones, recorded; returns them (the only time they are seen). */
-async function issueRecoveryCodes (trx: Db, ctx: RequestContext, userId: string, at: string, prepared: PreparedRecoveryCodes): Promise<string[]> {
-  await replaceRecoveryCodes(trx, userId, prepared.rows, at)
-  await recordEvent(trx, ctx, 'user.recovery_codes_generated', { type: 'user', id: userId }, { count: prepared.codes.length })
-  return prepared.codes
-}
-
-/**
- * The id of the user's unused recovery code that `typed` is, or undefined.
- * Always one argon2id verification (against the dummy hash when no stored
- * code starts as `typed` does), so the answer's time says nothing. Codes
- * stored before they were hashed (SHA-256 of the code, hex) still match.
- */
-async function matchRecoveryCode (deps: MfaDeps, userId: string, typed: string): Promise<string | undefined> {
-  const normalised = normaliseRecoveryCode(typed)
-  const lookup = `${normalised.slice(0, RECOVERY_LOOKUP_LENGTH)}$`
-  const rows = await listUnusedRecoveryCodes(deps.db, userId)
-  const legacy = Buffer.from(createHash('sha256').update(normalised, 'utf8').digest('hex'))
-  const old = rows.find(r => !r.digest.includes('$') && r.digest.length === legacy.length && timingSafeEqual(Buffer.from(r.digest), legacy))
-  if (old !== undefined) return old.id
-  const candidates = rows.filter(r => r.digest.startsWith(lookup))
-  if (candidates.length === 0) {
-    await deps.passwords.verify(deps.dummyHash, normalised)
-    return undefined
-  }
-  // Two codes of ten share their first characters about once in twenty users: then each is checked.
-  for (const candidate of candidates) {
-    if (await deps.passwords.verify(candidate.digest.slice(lookup.length), normalised)) return candidate.id
-  }
-  return undefined
-}
-
-export interface MfaProof {
-  totpCode?: string | undefined
-  recoveryCode?: string | undefined
-  passkey?: PasskeyCredential | undefined
-  passkeyName?: string | undefined
-}
-
-/** A second factor (or a passkey) that was not accepted; `reason` goes in the event. */
-export class ProofRejected extends Error {
-  /** `userId`: whose factor it was, when that was found before the rejection. */
-  constructor (readonly reason: string, readonly userId?: string) { super(reason) }
 }
 
 /** A second step under way: its challenge, the factor it is answered with, and the budgets it was charged to. */
@@ -262,7 +144,7 @@ export async function beginSecondStep (deps: MfaDeps, ctx: SignInContext, challe
 
 /** Whether the user of a second step may still sign in, and whether a lock stands (left in place for them). */
 export async function secondStepUser (deps: MfaDeps, step: SecondStep): Promise<{ locked: boolean }> {
-  const user = await deps.db.selectFrom('users').select(['id', 'disabled', 'locked_until']).where('id', '=', step.userId).executeTakeFirst()
+  const user = await findUserById(deps.db, step.userId)
   if (user === undefined || toBool(user.disabled)) throw new ProofRejected('disabled')
   return { locked: user.locked_until !== null && new Date(user.locked_until) > step.now }
 }
@@ -335,7 +217,7 @@ export async function secondStepFailed (deps: MfaDeps, ctx: RequestContext, step
 async function openChallengeOf (deps: MfaDeps, token: string) {
   const challenge = await findOpenSignInChallenge(deps.db, digestOf(token), nowIso())
   if (challenge === undefined || challenge.user_id === null) throw mfaFailed()
-  const user = await deps.db.selectFrom('users').select(['id', 'username', 'role', 'disabled']).where('id', '=', challenge.user_id).executeTakeFirst()
+  const user = await findUserById(deps.db, challenge.user_id)
   if (user === undefined || toBool(user.disabled)) throw mfaFailed()
   return { challenge, user }
 }
@@ -345,7 +227,7 @@ export async function describeChallenge (deps: MfaDeps, token: string): Promise<
   if (!token.startsWith(MFA_TOKEN_PREFIX)) return undefined
   const challenge = await findOpenSignInChallenge(deps.db, digestOf(token), nowIso())
   if (challenge === undefined || challenge.user_id === null) return undefined
-  const user = await deps.db.selectFrom('users').select(['id', 'username', 'role']).where('id', '=', challenge.user_id).executeTakeFirst()
+  const user = await findUserById(deps.db, challenge.user_id)
   if (user === undefined) return undefined
   const expiresAt = toIso(challenge.expires_at)
   if (toBool(challenge.enrol)) return { challengeToken: token, expiresAt, methods: enrollable(deps), enrol: true }
@@ -372,7 +254,7 @@ export async function passkeyOptionsForChallenge (deps: MfaDeps, token: string, 
 // Self-service (a signed-in session) and administration
 
 export async function mfaStatus (deps: MfaDeps, userId: string): Promise<MfaStatus> {
-  const user = await deps.db.selectFrom('users').select(['role']).where('id', '=', userId).executeTakeFirst()
+  const user = await findUserById(deps.db, userId)
   if (user === undefined) throw new AppError('user_not_found', 404, 'No user has this id.')
   const totp = await findTotp(deps.db, userId)
   return {
@@ -463,7 +345,7 @@ export async function confirmTotp (deps: MfaDeps, ctx: RequestContext, userId: s
 
 /** Refuses to take away a required user's last factor: they could not sign in again without an admin. */
 async function assertNotLastRequired (trx: Db, deps: MfaDeps, userId: string, removing: 'totp' | 'passkey'): Promise<void> {
-  const user = await trx.selectFrom('users').select('role').where('id', '=', userId).executeTakeFirst()
+  const user = await findUserById(trx, userId)
   if (user === undefined || !mfaRequiredFor(deps.config, user.role)) return
   const left = await factorCounts(trx, userId)
   const remaining = (left.totp ? 1 : 0) + left.passkeys - 1
@@ -475,7 +357,7 @@ async function assertNotLastRequired (trx: Db, deps: MfaDeps, userId: string, re
 /** With the last factor gone, recovery codes would be a factor of their own; they go too. */
 async function dropCodesIfNoFactor (trx: Db, userId: string): Promise<void> {
   const left = await factorCounts(trx, userId)
-  if (!left.totp && left.passkeys === 0) await trx.deleteFrom('recovery_codes').where('user_id', '=', userId).execute()
+  if (!left.totp && left.passkeys === 0) await deleteRecoveryCodes(trx, userId)
 }
 
 export async function removeTotp (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<void> {
@@ -495,21 +377,6 @@ export async function regenerateRecoveryCodes (deps: MfaDeps, ctx: RequestContex
       throw new AppError('mfa_not_enrolled', 409, 'Recovery codes stand in for a second factor; enrol an authenticator app or a passkey first.')
     }
     return await issueRecoveryCodes(trx, ctx, userId, nowIso(), codes)
-  })
-}
-
-/** A WebAuthn ceremony's challenge, remembered for CEREMONY_MS so that its answer can be checked once. */
-async function rememberCeremony (db: Db, purpose: 'register' | 'passkey', userId: string | null, challenge: string): Promise<void> {
-  const now = Date.now()
-  await insertChallenge(db, {
-    id: newId(),
-    purpose,
-    digest: null,
-    user_id: userId,
-    webauthn_challenge: challenge,
-    enrol: false,
-    created_at: new Date(now).toISOString(),
-    expires_at: new Date(now + CEREMONY_MS).toISOString()
   })
 }
 
@@ -547,7 +414,7 @@ export async function renameOwnPasskey (deps: MfaDeps, ctx: RequestContext, user
 
 export async function removeOwnPasskey (deps: MfaDeps, ctx: RequestContext, userId: string, id: string): Promise<void> {
   await deps.db.transaction().execute(async trx => {
-    const owned = await trx.selectFrom('passkeys').select('id').where('id', '=', id).where('user_id', '=', userId).executeTakeFirst()
+    const owned = await findPasskeyOf(trx, userId, id)
     if (owned === undefined) throw new AppError('passkey_not_found', 404, 'You have no passkey with this id.')
     await assertNotLastRequired(trx, deps, userId, 'passkey')
     await deletePasskey(trx, userId, id)
@@ -563,7 +430,7 @@ export async function removeOwnPasskey (deps: MfaDeps, ctx: RequestContext, user
  */
 export async function resetFactors (deps: MfaDeps, ctx: RequestContext, userId: string): Promise<void> {
   await deps.db.transaction().execute(async trx => {
-    const user = await trx.selectFrom('users').select('id').where('id', '=', userId).executeTakeFirst()
+    const user = await findUserById(trx, userId)
     if (user === undefined) throw new AppError('user_not_found', 404, 'No user has this id.')
     const removed = await deleteAllFactors(trx, userId)
     await recordEvent(trx, ctx, 'user.mfa_reset', { type: 'user', id: userId }, {
@@ -583,9 +450,7 @@ export async function startPasskeySignIn (deps: MfaDeps, rp: RelyingParty): Prom
 
 /** The user a passwordless passkey names, before anything is checked; throws ProofRejected when none or disabled. */
 export async function passkeyOwner (deps: MfaDeps, credential: PasskeyCredential, now: Date): Promise<{ userId: string, locked: boolean }> {
-  const passkey = await deps.db.selectFrom('passkeys').innerJoin('users', 'users.id', 'passkeys.user_id')
-    .select(['users.id', 'users.disabled', 'users.locked_until'])
-    .where('passkeys.credential_id', '=', typeof credential.id === 'string' ? credential.id : '').executeTakeFirst()
+  const passkey = await findPasskeyOwner(deps.db, typeof credential.id === 'string' ? credential.id : '')
   if (passkey === undefined) throw new ProofRejected('unknown_passkey')
   if (toBool(passkey.disabled)) throw new ProofRejected('disabled', passkey.id)
   return { userId: passkey.id, locked: passkey.locked_until !== null && new Date(passkey.locked_until) > now }
@@ -599,128 +464,4 @@ export async function spendPasskeyAssertion (trx: Db, credential: PasskeyCredent
   if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
   const assertion = await checkAssertion(trx, credential, ceremony.webauthn_challenge!, rp, userId, true, at)
   if (assertion === undefined) throw new ProofRejected('passkey_rejected')
-}
-
-// ---------------------------------------------------------------------------
-// Recent authentication (sudo mode): changes to factors need a fresh proof
-
-export type ReauthMethod = 'password' | MfaMethod
-
-/** What this user can re-authenticate with: the password (where password sign-in is allowed), and each second factor. */
-export async function reauthMethods (deps: MfaDeps, userId: string): Promise<ReauthMethod[]> {
-  const user = await deps.db.selectFrom('users').select(['password_hash', 'password_sign_in']).where('id', '=', userId).executeTakeFirst()
-  if (user === undefined) return []
-  const methods: ReauthMethod[] = []
-  if (user.password_hash !== null && deps.config.passwordSignIn && toBool(user.password_sign_in)) methods.push('password')
-  const factors = await factorCounts(deps.db, userId)
-  if (factors.totp) methods.push('totp')
-  if (factors.passkeys > 0) methods.push('passkey')
-  if (await countUnusedRecoveryCodes(deps.db, userId) > 0) methods.push('recovery_code')
-  return methods
-}
-
-/**
- * Refuses a change to the user's factors unless the session proved its person
- * within REAUTH_WINDOW_SECONDS: the sign-in itself, or a re-authentication
- * since. A stolen or unattended session can then not swap the factors that
- * would let its owner back in. The time is read from the sessions table, not
- * the credential cache.
- */
-export async function assertRecentAuthentication (deps: MfaDeps, session: { id: string, userId: string }, now = Date.now()): Promise<void> {
-  const proof = await findSessionProof(deps.db, session.id)
-  const provedAt = proof === undefined
-    ? 0
-    : Math.max(new Date(proof.signedInAt).getTime(), proof.reauthenticatedAt === null ? 0 : new Date(proof.reauthenticatedAt).getTime())
-  if (now - provedAt <= deps.config.reauthWindowMs) return
-  const methods = await reauthMethods(deps, session.userId)
-  throw new AppError('reauthentication_required', 403,
-    `This change needs a sign-in or re-authentication within the last ${windowText(deps.config.reauthWindowMs)}. ` +
-    (methods.length > 0 ? 'Re-authenticate (POST /auth/api/me/reauthenticate), then try again.' : 'Sign in again, then try again.'),
-    { extensions: { reauthenticate_with: methods } })
-}
-
-/** REAUTH_WINDOW_SECONDS as a person says it: "1 minute", "10 minutes", "90 seconds". */
-function windowText (ms: number): string {
-  const seconds = Math.round(ms / 1000)
-  const [count, unit] = seconds % 60 === 0 ? [seconds / 60, 'minute'] : [seconds, 'second']
-  return `${count} ${unit}${count === 1 ? '' : 's'}`
-}
-
-export interface ReauthProof extends MfaProof {
-  password?: string | undefined
-}
-
-/** WebAuthn options for re-authenticating with one of the user's own passkeys; the challenge is remembered for CEREMONY_MS. */
-export async function startReauthPasskey (deps: MfaDeps, userId: string, rp: RelyingParty): Promise<{ options: object, ceremony: 'get' }> {
-  if ((await factorCounts(deps.db, userId)).passkeys === 0) throw new AppError('passkey_not_found', 404, 'You have no passkey to re-authenticate with.')
-  const options = await authenticationOptions(deps.db, userId, rp)
-  // A 'passkey' ceremony bound to its user: the passwordless sign-in takes only those without one.
-  await rememberCeremony(deps.db, 'passkey', userId, options.challenge)
-  return { options, ceremony: 'get' }
-}
-
-/**
- * Proves the session's person again: the current password, a TOTP code, a
- * recovery code (spent) or a passkey assertion. Throttled as at sign-in: a
- * password on the account's and the address's password budgets, a code or
- * passkey on the second-factor budget; the unit is taken before the check.
- * Success stamps the session (`reauthenticated_at`) with a
- * `user.reauthenticated` event; every failure is the same 401
- * `invalid_credentials` with a `user.reauthentication_failed` event.
- */
-export async function reauthenticate (
-  deps: MfaDeps, ctx: RequestContext, session: { id: string, userId: string }, proof: ReauthProof, rp: RelyingParty
-): Promise<{ method: ReauthMethod, reauthenticatedAt: string, validUntil: string }> {
-  const given = [proof.password, proof.totpCode, proof.recoveryCode, proof.passkey].filter(p => p !== undefined).length
-  if (given !== 1) {
-    throw new AppError('validation_failed', 422, 'Give exactly one of password, totp_code, recovery_code or passkey.', {
-      errors: [{ in: 'body', pointer: '', detail: 'needs exactly one of password, totp_code, recovery_code, passkey' }]
-    })
-  }
-  const method: ReauthMethod = proof.password !== undefined ? 'password' : proof.totpCode !== undefined ? 'totp' : proof.recoveryCode !== undefined ? 'recovery_code' : 'passkey'
-  const userId = session.userId
-  const ip = ctx.clientIp ?? 'unknown'
-  const budgets = method === 'password' ? throttleBudgets(deps, `user:${userId}`, ip) : secondFactorBudgets(deps, userId, ip)
-  await reserveAttempt(deps, budgets)
-  const now = new Date()
-  const at = now.toISOString()
-  try {
-    const user = await deps.db.selectFrom('users').select(['password_hash', 'password_sign_in']).where('id', '=', userId).executeTakeFirstOrThrow()
-    if (method === 'password') {
-      // The verification runs whatever the account, so a refusal costs what a wrong password does.
-      const valid = await deps.passwords.verify(user.password_hash ?? deps.dummyHash, proof.password!)
-      if (user.password_hash === null) throw new ProofRejected('no_password')
-      if (!deps.config.passwordSignIn || !toBool(user.password_sign_in)) throw new ProofRejected('password_sign_in_disabled')
-      if (!valid) throw new ProofRejected('wrong_password')
-    }
-    const recoveryCodeId = method === 'recovery_code' ? await matchRecoveryCode(deps, userId, proof.recoveryCode!) : undefined
-    await deps.db.transaction().execute(async trx => {
-      if (method === 'totp') {
-        const totp = await findTotp(trx, userId)
-        if (totp === undefined || totp.confirmed_at === null) throw new ProofRejected('no_totp')
-        const secret = await openTotpSecret(deps, userId, totp.secret)
-        const step = secret === undefined ? undefined : await totpStep(secret, proof.totpCode!, totp.last_time_step === null ? null : Number(totp.last_time_step))
-        if (step === undefined || !await acceptTotpStep(trx, userId, step, at, false)) throw new ProofRejected('wrong_code')
-      } else if (method === 'recovery_code') {
-        if (recoveryCodeId === undefined || !await spendRecoveryCode(trx, userId, recoveryCodeId, at)) throw new ProofRejected('wrong_recovery_code')
-        await recordEvent(trx, ctx, 'user.recovery_code_used', { type: 'user', id: userId }, { remaining: await countUnusedRecoveryCodes(trx, userId), during: 'reauthentication' })
-      } else if (method === 'passkey') {
-        const challenge = await challengeOf(proof.passkey)
-        const ceremony = challenge === undefined ? undefined : await takeWebauthnChallenge(trx, 'passkey', challenge, userId, at)
-        if (ceremony === undefined) throw new ProofRejected('unknown_challenge')
-        if (await checkAssertion(trx, proof.passkey, ceremony.webauthn_challenge!, rp, userId, false, at) === undefined) throw new ProofRejected('passkey_rejected')
-      }
-      await markSessionReauthenticated(trx, session.id, at)
-      await recordEvent(trx, ctx, 'user.reauthenticated', { type: 'user', id: userId }, { method, session_id: session.id })
-    })
-  } catch (error) {
-    if (!(error instanceof ProofRejected)) {
-      await deps.failures.release(budgets.map(b => b.key))
-      throw error
-    }
-    await recordEvent(deps.db, ctx, 'user.reauthentication_failed', { type: 'user', id: userId }, { reason: error.reason, method, session_id: session.id })
-    throw new AppError('invalid_credentials', 401, 'That did not prove it is you: the password, code or passkey was not accepted.')
-  }
-  await Promise.all([deps.failures.reset(budgets[0]!.key), deps.failures.release([budgets[1]!.key])])
-  return { method, reauthenticatedAt: at, validUntil: new Date(now.getTime() + deps.config.reauthWindowMs).toISOString() }
 }

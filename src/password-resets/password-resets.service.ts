@@ -124,7 +124,7 @@ async function recordUnmailableRequest (deps: PasswordResetsDeps, ctx: RequestCo
 
 /**
  * Resolves a queued reset request in the mail worker's transaction `trx`
- * (registered by app.ts: MailWorker.resolveRequests): looks the account up,
+ * (registered by sessions/sign-in.plugin.ts: MailWorker.resolveRequests): looks the account up,
  * applies the rules and the per-account throttle, and either issues the token
  * and returns its message, which the worker writes in place of the request,
  * or returns none; the event is recorded in `trx` either way, so the request

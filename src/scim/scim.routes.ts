@@ -43,7 +43,7 @@ const ENDPOINT_BY_CASE = new Map(ENDPOINTS.map(name => [name.toLowerCase(), name
 /**
  * The URL with the SCIM endpoint's name spelled as routed: clients send
  * `/users` (Microsoft's conformance collection does) as well as `/Users`.
- * Given to Fastify as `rewriteUrl` (app.ts); any other URL is left as it is.
+ * Given to Fastify as `rewriteUrl` (system/server-options.ts); any other URL is left as it is.
  */
 export function canonicalScimUrl (url: string, basePath: string): string {
   const start = `${basePath}/scim/v2/`

@@ -71,7 +71,7 @@ function field (body: unknown, name: string): string {
 }
 
 /** `GET/POST ${basePath}/login` and `POST ${basePath}/logout`: the browser's way in and out. */
-/** The sign-in page: a plugin of its own, registered by app.ts after the sessions API. */
+/** The sign-in page: a plugin of its own, registered by sessions/sign-in.plugin.ts after the sessions API. */
 export default async function loginPage (app: FastifyTypeBox, deps: SessionsDeps): Promise<void> {
   const basePath = app.config.basePath
   const hide = { schema: { hide: true }, config: { accepts: ['application/x-www-form-urlencoded'] } }

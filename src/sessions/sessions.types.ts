@@ -5,7 +5,7 @@ import type { PasswordHasher } from '../lib/passwords.ts'
 import type { User } from '../users/users.schemas.ts'
 import type { FailureCounter } from './failure-counter.ts'
 
-/** What the sign-in services and flows are given (app.ts builds it once). */
+/** What the sign-in services and flows are given (sessions/sign-in.plugin.ts builds it once). */
 export interface SessionsDeps {
   db: Db
   passwords: PasswordHasher

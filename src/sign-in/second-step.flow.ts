@@ -1,9 +1,9 @@
 import { AppError } from '../errors.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import {
-  beginSecondStep, passkeyOwner, prepareSecondFactor, ProofRejected, secondStepFailed, secondStepPassed, secondStepUser, spendPasskeyAssertion, spendSecondFactor,
-  type MfaProof
+  beginSecondStep, passkeyOwner, prepareSecondFactor, secondStepFailed, secondStepPassed, secondStepUser, spendPasskeyAssertion, spendSecondFactor
 } from '../mfa/mfa.service.ts'
+import { ProofRejected, type MfaProof } from '../mfa/factor-proofs.ts'
 import type { MfaMethod, PasskeyCredential } from '../mfa/mfa.schemas.ts'
 import type { RelyingParty } from '../mfa/webauthn.ts'
 import type { Budget } from '../sessions/failure-counter.ts'

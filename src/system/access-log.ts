@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import pino, { type DestinationStream, type LoggerOptions } from 'pino'
+import type { DestinationStream, LoggerOptions } from 'pino'
 import { isSecretParam } from '../lib/query-string.ts'
 
 /**
@@ -35,38 +35,7 @@ export function loggerOptions (level: string, stream: DestinationStream): Logger
 
 export const ACCESS_MESSAGE = 'request completed'
 
-const { chindingsSym } = pino.symbols
-const INFO = 30
-
-/**
- * The access line of a finished request, byte for byte as `request.log.info({
- * req, res, responseTime }, ACCESS_MESSAGE)` writes it with loggerOptions (its
- * test compares the two), or undefined when the request's logger does not
- * write info lines (LOG_LEVEL, or a route's own logLevel).
- *
- * Rendered here rather than by pino because every request pays for it: pino
- * walks the object, runs the serializers and the redaction and stringifies
- * each value. With this line the uncached users page cost 0.954 of its CPU
- * per response with pino's (median of eight interleaved rounds, 100,000
- * users; bench/README.md, "Issue 20: the access line and the memory map").
- * Everything else is logged by pino. The request's own bindings (pid,
- * hostname, reqId) are pino's, already rendered by its child logger.
- */
-export function accessLine (request: FastifyRequest, reply: FastifyReply): string | undefined {
-  // Fastify's type of a logger leaves out what pino's loggers have.
-  const log = request.log as unknown as pino.Logger & Record<symbol, string>
-  if (!log.isLevelEnabled('info')) return undefined
-  const chindings = log[chindingsSym]
-  const req = serializers.req(request)
-  return `{"level":${INFO},"time":${Date.now()}${chindings},"req":{"method":${JSON.stringify(req.method)},"url":${JSON.stringify(req.url)}${remoteAddress(req.remoteAddress)}},"res":{"statusCode":${reply.statusCode}},"responseTime":${finite(reply.elapsedTime)},"msg":"${ACCESS_MESSAGE}"}\n`
-}
-
-/** pino leaves out a field whose value is undefined (a request whose socket is gone has no address). */
-function remoteAddress (address: string | undefined): string {
-  return address === undefined ? '' : `,"remoteAddress":${JSON.stringify(address)}`
-}
-
-/** pino writes a number that is not finite as null. */
-function finite (value: number): string {
-  return Number.isFinite(value) ? String(value) : 'null'
+/** The one line a finished request writes, at info (so LOG_LEVEL and a route's own logLevel decide whether it is written). */
+export function logAccess (request: FastifyRequest, reply: FastifyReply): void {
+  request.log.info({ req: request, res: reply, responseTime: reply.elapsedTime }, ACCESS_MESSAGE)
 }

@@ -19,38 +19,38 @@ const LocalStore = requireHere('@fastify/rate-limit/store/LocalStore.js') as
   new (continueExceeding: boolean, exponentialBackoff: boolean, cache?: number) => LibraryStore
 
 /**
- * Counts one request against a budget, then calls `done`: with a 429 problem
+ * Counts one request against a budget: rejects with a 429 problem
  * (Retry-After, RateLimit-*) when over it, with the store's error when it
  * could not count (a Redis that fails or times out fails the request, 503
  * dependency_unavailable, never lets it through unlimited), and otherwise
- * with nothing, the budget reported in RateLimit-* headers.
+ * resolves, the budget reported in RateLimit-* headers.
  *
  * The library's stores are used without its request handler, which took
  * several promises per budget: the two budgets cost the uncached users page
- * 8% of its CPU per request (switched off, median of eight interleaved rounds;
- * bench/README.md, "Issue 20: the floor, the log line and the rate limits"),
- * and counted this way 2.6% less than through the handler (0.974, median of
- * eight). The in-memory store answers at once, so the per-address budget
- * takes no promise at all.
+ * (issue 39's first row) 8% of its CPU per request (switched off, median of
+ * eight interleaved rounds), and counted this way 2.6% less than through the
+ * handler (0.974, median of eight).
  */
-function spend (store: LibraryStore, key: string, max: number, reply: FastifyReply, what: string, done: (error?: Error) => void): void {
-  store.incr(key, (error, count) => {
-    if (error !== null || count === undefined) {
-      done(error ?? new Error('the rate-limit store answered without a count'))
-      return
-    }
-    const reset = String(Math.ceil(count.ttl / 1000))
-    reply.header('RateLimit-Limit', String(max))
-    reply.header('RateLimit-Remaining', String(Math.max(0, max - count.current)))
-    reply.header('RateLimit-Reset', reset)
-    if (count.current > max) {
-      done(new AppError('rate_limited', 429, `Too many requests ${what}: at most ${max} a minute. Retry after ${reset} s.`, {
-        headers: { 'Retry-After': String(Math.max(1, Number(reset))) }
-      }))
-      return
-    }
-    done()
-  }, WINDOW_MS, max)
+async function spend (store: LibraryStore, key: string, max: number, reply: FastifyReply, what: string): Promise<void> {
+  await new Promise<void>((resolve, reject) => {
+    store.incr(key, (error, count) => {
+      if (error !== null || count === undefined) {
+        reject(error ?? new Error('the rate-limit store answered without a count'))
+        return
+      }
+      const reset = String(Math.ceil(count.ttl / 1000))
+      reply.header('RateLimit-Limit', String(max))
+      reply.header('RateLimit-Remaining', String(Math.max(0, max - count.current)))
+      reply.header('RateLimit-Reset', reset)
+      if (count.current > max) {
+        reject(new AppError('rate_limited', 429, `Too many requests ${what}: at most ${max} a minute. Retry after ${reset} s.`, {
+          headers: { 'Retry-After': String(Math.max(1, Number(reset))) }
+        }))
+        return
+      }
+      resolve()
+    }, WINDOW_MS, max)
+  })
 }
 
 /**
@@ -70,20 +70,15 @@ export default fp(async function rateLimitPlugin (app: FastifyInstance, options:
   const exempt = (request: FastifyRequest): boolean => request.routeOptions.config.rateLimit === false
 
   if (rateLimitPerAddress > 0) {
-    // With `done`, not async: every request passes here (app.ts says why).
-    app.addHook('onRequest', (request, reply, done) => {
-      if (exempt(request)) done()
-      else spend(store, `addr:${request.ip}`, rateLimitPerAddress, reply, 'from this address', done)
+    app.addHook('onRequest', async (request, reply) => {
+      if (!exempt(request)) await spend(store, `addr:${request.ip}`, rateLimitPerAddress, reply, 'from this address')
     })
   }
   if (rateLimitPerCredential > 0) {
     // Called by the auth plugin once it knows who is calling.
     app.decorate('spendCredentialBudget', async (request: FastifyRequest, reply: FastifyReply) => {
       if (request.principal === null || exempt(request)) return
-      await new Promise<void>((resolve, reject) => {
-        spend(store, `cred:${request.principal!.type}:${request.principal!.id}`, rateLimitPerCredential, reply, 'with this credential',
-          error => { if (error === undefined) resolve(); else reject(error) })
-      })
+      await spend(store, `cred:${request.principal!.type}:${request.principal!.id}`, rateLimitPerCredential, reply, 'with this credential')
     })
   }
 }, { name: 'gatehouse-rate-limit' })

@@ -16,7 +16,7 @@ export type LinkConfig = Pick<Config, 'publicUrl' | 'host' | 'port' | 'basePath'
 /**
  * The link a token's mail (or, without SMTP, the administrator) hands over,
  * built from PUBLIC_URL (lib/public-url.ts), never from a request's Host. The
- * token rides in the query as `token`, which the request log redacts (app.ts).
+ * token rides in the query as `token`, which the request log redacts (system/access-log.ts).
  */
 export function tokenLink (config: LinkConfig, purpose: AccountTokenPurpose, token: string): string {
   return publicLink(config, TOKEN_PAGES[purpose], { token })

@@ -462,6 +462,15 @@ export async function changeOwnPasswordRecorded (
 }
 
 /**
+ * The same password stored again under the current hashing parameters,
+ * while a sign-in has it at hand. Not a change of the user: no version, no
+ * event of its own (the sign-in's event says `password_rehashed`), nothing ended.
+ */
+export async function storeRehashedPassword (trx: Db, id: string, passwordHash: string): Promise<void> {
+  await trx.updateTable('users').set({ password_hash: passwordHash }).where('id', '=', id).execute()
+}
+
+/**
  * Deletes a user: its API keys revoked and its sessions ended, each with an
  * event, then the row and a `user.deleted` event. Factors, identities and
  * sign-in addresses go with the row (foreign keys, ON DELETE CASCADE); the
