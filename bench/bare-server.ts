@@ -1,15 +1,11 @@
 /**
- * The baseline for bench/list-users.ts: Fastify with default options and no
+ * The baseline of `npm run bench` (bench/list-users.ts): Fastify with default options and no
  * logger, one route returning a fixed array of 50 users, serialized with the
  * very same response schema as gatehouse's list (`Type.Array(User)`).
  * Started as a child process: `PORT=… node --import tsx bench/bare-server.ts`.
  *
- * With BARE_DB=<sqlite file> it is instead the issue's other reference point,
- * "the same read from better-sqlite3": the route reads the 50 users on every
- * request, the plain way (row objects, mapped, then serialized by the schema).
- *
  * With BARE_PAGE_DB=<database URL> (`sqlite:<file>` or `postgres://…`, with
- * BARE_PAGE_SCHEMA for a PostgreSQL schema) it is the floor of issue 20's
+ * BARE_PAGE_SCHEMA for a PostgreSQL schema) it is the floor of the
  * uncached page: no hooks, no credential, no log line, no page cache; the
  * route decodes the request's `cursor` and answers the page that gatehouse's
  * own repository read renders for it (`listUsersJson`, the very statement the
@@ -17,7 +13,6 @@
  * above this is its request pipeline; what this costs above the fixed page is
  * the read (and, at its lower rate, the kernel's wake-ups: bench/README.md).
  */
-import { Sqlite as SQLite } from '../src/db/sqlite-binding.ts'
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
@@ -32,24 +27,6 @@ const ITEMS = 50
 const port = Number(process.env.PORT ?? '0')
 const users = Array.from({ length: ITEMS }, (_, i) => toUser(seedRow(i)))
 
-interface Row { groups: string, disabled: number, password_sign_in: number, email_verified: number, invitation_pending: number }
-const read = process.env.BARE_DB !== undefined
-  ? (() => {
-      const statement = new SQLite(process.env.BARE_DB, { readonly: true }).prepare(
-        `select id, username, email, first_name, last_name, role, groups, disabled, password_sign_in, email_verified, invitation_pending,
-           created_at, updated_at, last_login_at, password_changed_at
-         from users order by created_at, id limit ${ITEMS}`)
-      return () => (statement.all() as Row[]).map(row => ({
-        ...row,
-        groups: JSON.parse(row.groups) as string[],
-        disabled: row.disabled === 1,
-        password_sign_in: row.password_sign_in === 1,
-        email_verified: row.email_verified === 1,
-        invitation_pending: row.invitation_pending === 1
-      }))
-    })()
-  : () => users
-
 const app = Fastify()
 const pageDb = process.env.BARE_PAGE_DB
 if (pageDb !== undefined) {
@@ -62,7 +39,7 @@ if (pageDb !== undefined) {
     return await reply.type('application/json; charset=utf-8').send(page.json)
   })
 } else {
-  app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => read())
+  app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => users)
 }
 
 // A clean exit on SIGTERM, so `--cpu-prof` gets to write its profile.

@@ -26,7 +26,7 @@
  * (the database's side alone, no gatehouse in between), and one transaction
  * inserting BENCH_BULK_ROWS users (default 10,000; an import).
  *
- * `changeStampRows` is exported for the combined `npm run bench` table: it
+ * `changeStampRows` gives this bench's rows as `{ work, measured, goal, met }`: it
  * needs the compiled server (dist/server.js) and a run directory made by
  * harness.ts `makeTmpDir`.
  */

@@ -27,7 +27,7 @@ export const NOISY_OTHER_CPU = 0.1
 // ---------------------------------------------------------------- settings
 
 /** A typo in a setting must stop the run, not silently measure something else. */
-/** One row of an issue's table of goals as one run measured it (`npm run bench` prints issue 8's and issue 20's). met null: not measured. */
+/** One row of a benchmark's table of goals as one run measured it (`npm run bench:storm`, `bench:stamp`). met null: not measured. */
 export interface IssueRow { work: string, measured: string, goal: string, met: boolean | null }
 
 export function envInt (name: string, fallback: number): number {
@@ -320,7 +320,7 @@ export interface LoadCpu {
     usPerRequest: number
     /**
      * Minor page faults of the server per response. Memory the C library gave back and took again faults
-     * anew each time: in the eleventh pass, 2.5 to 5 a response cost the floor half its speed (bench/README.md).
+     * anew each time: 2.5 to 5 a response once cost the floor half its speed.
      */
     minorFaultsPerRequest?: number
   } | null

@@ -30,8 +30,7 @@
  * for every server (`glibc.malloc.trim_threshold=268435456`).
  * Needs valgrind (Debian's package) for the callgrind mode; `npm run build` first.
  *
- * What it showed on 29 November 2026 is in bench/README.md, "Issue 20: row 1
- * in instructions and cache misses (eleventh pass)".
+ * What it showed on 29 November 2026 is in the message of commit dae8fca.
  */
 import autocannon from 'autocannon'
 import { spawn, execFileSync, type ChildProcess } from 'node:child_process'
@@ -124,10 +123,9 @@ async function startServer (target: Target, tmp: string, dbPath: string): Promis
       ? { HOST, DATABASE_URL: `sqlite:${dbPath}`, RATE_LIMIT_PER_CREDENTIAL: '1000000000', RATE_LIMIT_PER_ADDRESS: '1000000000', GATEHOUSE_ADMIN_API_KEY: KEY, ...settings.pageEnv }
       : {})
   })
-  // The floor with V8's allocation-site pretenuring off, as gatehouse's server turns it off as it starts (src/server.ts,
-  // stopPretenuring) and as `npm run bench` starts the floor (uncached-page.ts); the bare route with V8's defaults, as there.
+  // Every server with V8's defaults, as gatehouse's server and `npm run bench`'s floor (uncached-page.ts) run.
   const bareServer = ['--import', 'tsx', join(ROOT, 'bench', 'bare-server.ts')]
-  const script = target === 'page' ? [join(ROOT, 'dist', 'server.js')] : target === 'floor' ? ['--no-allocation-site-pretenuring', ...bareServer] : bareServer
+  const script = target === 'page' ? [join(ROOT, 'dist', 'server.js')] : bareServer
   if (target === 'page' && !existsSync(script[0]!)) throw new Error('dist/server.js is missing: run `npm run build` first')
   const command = native
     ? [process.execPath, ...script]

@@ -1,8 +1,7 @@
 /**
- * The parts of `npm run bench` beyond the SQLite list (issue 8's table): the
- * same list on PostgreSQL, `verify` with a session cookie on both engines,
- * start-up time to the first 2xx and idle RSS of the compiled server, and
- * creates with a password against the machine's argon2id limit.
+ * What `npm run bench` and the other benchmarks share beside harness.ts: a
+ * timed start of the compiled server, its RSS, PostgreSQL's seed and schema,
+ * the machine's argon2id limit, and the event loop's p99 from /auth/metrics.
  */
 import { readFileSync } from 'node:fs'
 import { availableParallelism } from 'node:os'
@@ -103,24 +102,6 @@ export async function dropSchema (url: string, schema: string): Promise<void> {
 }
 
 export const BENCH_PASSWORD = 'correct horse battery staple'
-
-/** Creates a user with a password through the API and signs in: the session cookie, as nginx would pass it to verify. */
-export async function sessionCookie (base: string, adminKey: string, username: string): Promise<string> {
-  const created = await fetch(`${base}/auth/api/users`, {
-    method: 'POST', headers: { 'x-api-key': adminKey, 'content-type': 'application/json' }, body: JSON.stringify({ username, password: BENCH_PASSWORD })
-  })
-  if (created.status !== 201) throw new Error(`creating ${username} answered ${created.status}: ${await created.text()}`)
-  const login = await fetch(`${base}/auth/api/login`, {
-    method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ username, password: BENCH_PASSWORD })
-  })
-  if (login.status !== 200) throw new Error(`signing in answered ${login.status}: ${await login.text()}`)
-  const token = (await login.json() as { token: string }).token
-  const cookie = `gatehouse_session=${token}`
-  const verify = await fetch(`${base}/auth/api/verify`, { headers: { cookie } })
-  await verify.arrayBuffer()
-  if (verify.status !== 200 || verify.headers.get('x-auth-username') !== username) throw new Error(`verify answered ${verify.status}`)
-  return cookie
-}
 
 /**
  * What this machine can hash, argon2id at gatehouse's default parameters,

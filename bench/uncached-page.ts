@@ -1,5 +1,5 @@
 /**
- * Issue 20, rows 1 and 2: a page of 50 that no cache can answer. Every request
+ * The uncached page (issue 39's first floor): a page of 50 that no cache can answer. Every request
  * carries a different cursor (the keyset position after a different seeded
  * user), so the page cache (src/users/page-cache.ts) never holds the page asked
  * for, and each request reads and renders 50 users from the database. Compared
@@ -24,7 +24,7 @@ import { loadavg } from 'node:os'
 import pg from 'pg'
 import { encodeCursor } from '../src/lib/paging.ts'
 import { seedRow, USERS_PATH } from './fixtures.ts'
-import { childEnv, fmt, formatTable, freePort, HOST, log, measureLoad, startChild, stopChild, waitReady, type Child, type IssueRow, type LoadCpu, type LoadSummary } from './harness.ts'
+import { childEnv, fmt, formatTable, freePort, HOST, log, measureLoad, startChild, stopChild, waitReady, type Child, type LoadCpu, type LoadSummary } from './harness.ts'
 
 export const UNCACHED_PAGE_SIZE = 50
 
@@ -94,9 +94,6 @@ export async function measureFloor (
 ): Promise<UncachedMeasurement> {
   const port = await freePort()
   const appName = `${benchAppName()}-floor`
-  // V8's allocation-site pretenuring off, as gatehouse's server runs since the twelfth pass (src/server.ts,
-  // stopPretenuring), so that the floor shows what the read costs under the same collector (bench/README.md,
-  // "Issue 20: pretenuring").
   const child: Child = startChild(`bare+page-${engine}`, 'bench/bare-server.ts', childEnv({
     PORT: String(port),
     BARE_PAGE_DB: databaseUrl,
@@ -105,10 +102,9 @@ export async function measureFloor (
     // The floor is to show what the read costs. Its small heap let glibc give the top of it back after most
     // requests (the page's 30 to 60 KiB buffers sit there) and fault it in again on the next: 2.5 to 5 minor
     // faults a response in some runs and none in others, which took the floor from 0.80 to 0.31-0.53 of bare.
-    // gatehouse's own server had 0.02 a response either way, and keeps glibc's defaults (bench/README.md,
-    // "Issue 20: row 1 in instructions and cache misses").
+    // gatehouse's own server had 0.02 a response either way, and keeps glibc's defaults.
     GLIBC_TUNABLES: FLOOR_GLIBC_TUNABLES
-  }), ['--no-allocation-site-pretenuring'])
+  }))
   const base = `http://${HOST}:${port}`
   try {
     await waitReady(child, `${base}${USERS_PATH}?limit=1`)
@@ -180,7 +176,7 @@ export interface PageRound {
  * there are targets. Each ratio is taken within a round, from measurements
  * under a minute apart; the rows are the median of the rounds'. Measured once
  * each, one after another, the floor alone read 0.79 to 0.92 in three runs
- * of one afternoon (bench/README.md, sixth pass): more than the changes being
+ * of one afternoon: more than the changes being
  * judged.
  */
 export async function measurePageRounds (bare: () => Promise<BareMeasurement>, engines: PageEngine[], rounds: number): Promise<PageRound[]> {
@@ -234,33 +230,28 @@ const bareUsOf = (round: PageRound): number | null => round.bare.serverCpu?.usPe
 const ratioOf = (bareUs: number | null, m: UncachedMeasurement): number | null =>
   bareUs !== null && m.totalUsPerRequest !== null ? bareUs / m.totalUsPerRequest : null
 
-const GOALS = { sqlite: 0.6, postgres: 0.4 }
+/** One database's uncached page across the rounds: bare CPU µs/req ÷ gatehouse's (with its PostgreSQL backends), the median of the rounds' ratios. */
+export interface PageRatio { engine: 'sqlite' | 'postgres', ratio: number | null, text: string, load: string }
 
-/** Issue 20's rows 1 and 2 from the rounds: bare CPU µs/req ÷ gatehouse's (with its PostgreSQL backends), the median of the rounds' ratios. */
-export function issue20PageRows (rounds: PageRound[]): IssueRow[] {
+export function pageRatios (rounds: PageRound[]): PageRatio[] {
   const engines = rounds[0]?.engines.map(e => e.engine) ?? []
   return engines.map((engine, i) => {
     const pairs = rounds.map(round => ({ bareUs: bareUsOf(round), bare: round.bare, ...round.engines[i]! }))
     const ratio = spread(pairs.map(p => ratioOf(p.bareUs, p.gatehouse)), 3)
     const floorRatio = spread(pairs.map(p => ratioOf(p.bareUs, p.floor)), 3)
     const us = (values: Array<number | null | undefined>): string => { const s = spread(values, 0); return s === null ? 'n/a' : fmt(s.median) }
-    const backends = (ms: UncachedMeasurement[]): string => engine === 'postgres'
-      ? ` (${us(ms.map(m => m.serverCpu?.usPerRequest))} server + ${us(ms.map(m => m.companionCpu?.usPerRequest))} in the PostgreSQL backends)`
+    const backends = engine === 'postgres'
+      ? ` (${us(pairs.map(p => p.gatehouse.serverCpu?.usPerRequest))} server + ${us(pairs.map(p => p.gatehouse.companionCpu?.usPerRequest))} backends)`
       : ''
     const loads = pairs.map(p => p.gatehouse.loadAverage[0]!)
-    const goal = GOALS[engine]
     return {
-      work: engine === 'sqlite'
-        ? 'page of 50, a different cursor every request (no cache hit), SQLite, ÷ bare Fastify serving a fixed 50-user page (CPU µs/req)'
-        : 'the same on PostgreSQL (gatehouse + its PostgreSQL backends)',
-      measured: ratio === null
+      engine,
+      ratio: ratio?.median ?? null,
+      text: ratio === null
         ? 'n/a'
-        : `${ratio.text}, median of ${rounds.length} interleaved rounds: ${us(pairs.map(p => p.gatehouse.totalUsPerRequest))} µs${backends(pairs.map(p => p.gatehouse))} ` +
-          `vs ${us(pairs.map(p => p.bareUs))} µs; ${us(pairs.map(p => p.gatehouse.reqPerSec.average))} vs ${us(pairs.map(p => p.bare.reqPerSec.average))} req/s; ` +
-          `floor, bare route + the same read: ${us(pairs.map(p => p.floor.totalUsPerRequest))} µs${backends(pairs.map(p => p.floor))}, ${floorRatio?.text ?? 'n/a'}; ` +
-          `load ${Math.min(...loads).toFixed(2)}–${Math.max(...loads).toFixed(2)}`,
-      goal: `≥ ${goal}`,
-      met: ratio === null ? null : ratio.median >= goal
+        : `${ratio.text}, median of ${rounds.length} round${rounds.length === 1 ? '' : 's'}: ${us(pairs.map(p => p.gatehouse.totalUsPerRequest))} µs${backends} vs ${us(pairs.map(p => p.bareUs))} µs; ` +
+          `its read alone (the floor target) ${floorRatio?.text ?? 'n/a'}`,
+      load: Math.min(...loads) === Math.max(...loads) ? loads[0]!.toFixed(2) : `${Math.min(...loads).toFixed(2)}–${Math.max(...loads).toFixed(2)}`
     }
   })
 }
@@ -284,9 +275,4 @@ export function formatPageRounds (rounds: PageRound[]): string {
   ]
   const table = formatTable(['target: CPU µs/response (bare ÷ it)', ...rounds.map((round, r) => `round ${r + 1}, from ${round.order[0]}`)], body)
   return ['', 'The uncached page in interleaved rounds:', '', ...table.lines, ''].join('\n') + '\n'
-}
-
-export function formatIssue20 (rows: IssueRow[]): string {
-  const table = formatTable(['issue 20 row', 'this run', 'goal', 'met'], rows.map(r => [r.work, r.measured, r.goal, r.met === null ? 'n/a' : r.met ? 'yes' : 'NO']))
-  return ['', 'Issue 20, the uncached page (ratio of CPU time per response, the median of interleaved rounds in this run):', '', ...table.lines, ''].join('\n') + '\n'
 }

@@ -26,7 +26,7 @@
  * event loop delay p99 (from /auth/metrics). The row: storm ÷ argon2 req/s
  * (goal ≥ 0.9) and the storm's worst verify p99 (goal < 10 ms).
  *
- * `verifyStormRows` is exported for `npm run bench`'s combined table; call it
+ * `verifyStormRows` is exported for `npm run bench`'s floors (bench/floors.ts); call it
  * after installCleanUp and makeTmpDir (harness.ts), as list-users.ts does.
  * BENCH_CPU_PROF=1 writes a CPU profile of the server (bench/results/cpu-storm-*).
  * BENCH_SERVER=<path to a server.js> runs another build (an older commit's) instead of dist/server.js.
@@ -194,9 +194,9 @@ interface Measurement extends LoadSummary, LoadCpu {
 }
 
 /** The storm with no verify load: what one sign-in costs the server's main thread, and all its threads. */
-interface SignInCost { signInsPerSec: number, latencyMs: { p50: number, p99: number } | null, mainThreadMsPerSignIn: number | null, serverMsPerSignIn: number | null, clientMsPerSignIn: number | null, eventLoopP99Ms: number | null }
+export interface SignInCost { signInsPerSec: number, latencyMs: { p50: number, p99: number } | null, mainThreadMsPerSignIn: number | null, serverMsPerSignIn: number | null, clientMsPerSignIn: number | null, eventLoopP99Ms: number | null }
 
-interface EngineResult {
+export interface EngineResult {
   engine: string
   hashNice: number
   signIns: SignInCost
