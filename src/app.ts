@@ -38,6 +38,7 @@ import { referencedSchemas } from './lib/schema-refs.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import { Invitation, User, UserCreate, UserCreated, UserPatch } from './users/users.schemas.ts'
 import usersRoutes from './users/users.routes.ts'
+import { PageCache, USERS_PAGE_CACHE_BYTES } from './users/page-cache.ts'
 import { GROUP_SCHEMAS } from './groups/groups.schemas.ts'
 import groupsRoutes from './groups/groups.routes.ts'
 import { ApiKey, ApiKeyCreate, ApiKeyWithSecret } from './api-keys/api-keys.schemas.ts'
@@ -228,6 +229,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('config', config)
   app.decorate('db', db)
   app.decorate('credentials', credentials)
+  app.decorate('usersPages', new PageCache(USERS_PAGE_CACHE_BYTES))
   app.decorate('passwords', passwords)
   // Delivers queued webhook events; stopped before the database closes, after its deliveries in flight are recorded.
   const webhooks = new WebhookWorker(db, config, app.log, `gatehouse-webhooks/${RELEASE}`)
