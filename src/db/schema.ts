@@ -394,7 +394,6 @@ export function isPostgres (db: Kysely<any>): boolean {
   return dialectOf(db) === 'postgres'
 }
 
-
 /**
  * The column types the migrations write: the native type on PostgreSQL, and
  * on SQLite, which has no uuid, timestamptz, jsonb or boolean, text and integer.

@@ -202,7 +202,6 @@ const SORT_COLUMNS: Record<Sort, ['created_at' | 'username_key' | 'updated_at', 
   '-updated_at': ['updated_at', 'desc']
 }
 
-
 export type UserFilter = Omit<ListUsersQuery, 'limit' | 'cursor' | 'sort'>
 
 /** One page of users, and the keyset position after its last user. */
@@ -278,7 +277,6 @@ function pageOf (rows: PageRow[], limit: number, column: SortColumn): UserPage {
  * 716 ms p99 to sort, against a few ms to walk.
  */
 const TRIGRAM_CANDIDATES_MAX = 2000
-
 
 /** Whether a search on SQLite should start from the trigram index: its needle has a trigram, and few users hold it. */
 async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boolean> {
@@ -459,7 +457,6 @@ async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
   return new Map((row?.pairs ?? []) as unknown as Array<[string, number]>)
 }
 
-
 /**
  * One keyset page: users strictly after `after` = [sort value, id] in the
  * requested order (the id breaks ties, so every user is seen exactly once),
@@ -514,7 +511,6 @@ export async function readChangeStamp (db: Db): Promise<string> {
   if (row === undefined) throw new Error('a select without FROM returned no row')
   return `${row.changes}:${row.version}`
 }
-
 
 /** The needle as one FTS5 phrase: every character literal, quotes doubled. */
 function ftsPhrase (value: string): string {
