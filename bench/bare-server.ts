@@ -8,15 +8,15 @@
  * BARE_PAGE_SCHEMA for a PostgreSQL schema) it is the floor of the
  * uncached page: no hooks, no credential, no log line, no page cache; the
  * route decodes the request's `cursor` and answers the page that gatehouse's
- * own repository read renders for it (`listUsersJson`, the very statement the
- * service runs on a miss), as it comes from the database. What gatehouse costs
+ * own repository read returns for it (`listUsers`, the very statement the
+ * service runs on a miss), serialized by the same response schema. What gatehouse costs
  * above this is its request pipeline; what this costs above the fixed page is
  * the read (and, at its lower rate, the kernel's wake-ups: bench/README.md).
  */
 import Fastify from 'fastify'
 import { Type } from 'typebox'
 import { User } from '../src/users/users.schemas.ts'
-import { listUsersJson, toUser } from '../src/users/users.repository.ts'
+import { listUsers, toUser } from '../src/users/users.repository.ts'
 import { createDb } from '../src/db/database.ts'
 import { defaultConfig } from '../src/config.ts'
 import { decodeCursor } from '../src/lib/paging.ts'
@@ -32,11 +32,10 @@ const pageDb = process.env.BARE_PAGE_DB
 if (pageDb !== undefined) {
   // gatehouse's defaults otherwise: the same pool a PostgreSQL page waits on, the same SQLite settings.
   const db = createDb(defaultConfig({ databaseUrl: pageDb, databaseSchema: process.env.BARE_PAGE_SCHEMA }))
-  app.get<{ Querystring: { cursor?: string, limit?: string } }>(USERS_PATH, async (request, reply) => {
+  app.get<{ Querystring: { cursor?: string, limit?: string } }>(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async (request) => {
     const { cursor, limit } = request.query
     const after = cursor === undefined ? undefined : decodeCursor(cursor, 'created_at', ['timestamp', 'uuid']) as [string, string]
-    const page = await listUsersJson(db, {}, 'created_at', Number(limit ?? ITEMS), after)
-    return await reply.type('application/json; charset=utf-8').send(page.json)
+    return (await listUsers(db, {}, 'created_at', Number(limit ?? ITEMS), after)).users
   })
 } else {
   app.get(USERS_PATH, { schema: { response: { 200: Type.Array(User) } } }, async () => users)

@@ -240,9 +240,9 @@ const SEARCH_PG = "(username_key like '%user012345%' escape '\\' or email_key li
 const GROUP_PAGE = 'select users.id from group_members cross join users where users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = $1) order by group_members.created_at, group_members.user_id'
 
 /**
- * The plans of the shapes measured, as the server runs them: on PostgreSQL a
- * search is planned with its values (sent unnamed), the rest generically
- * (named statements, after their fifth run).
+ * The plans of the shapes measured: on PostgreSQL a search as the server
+ * runs it (every statement is sent unnamed, planned with its values), and
+ * the rest also as generic plans, as a pooler that prepares would run them.
  */
 async function plans (db: Db, engine: string): Promise<void> {
   const explained: Array<[string, string[]]> = []
@@ -253,8 +253,8 @@ async function plans (db: Db, engine: string): Promise<void> {
     explained.push(['q= page (pg_trgm with the uncommon part, then the needle; `er0012`, 1,000 matches), planned with the needle', await rows(`explain
       with c as materialized (select id, created_at as sort_key, username_key, email_key, first_name, last_name from users where ${SEARCH_PG.replaceAll('user012345', '0012')}),
         m as materialized (select id, sort_key from c where ${SEARCH_PG.replaceAll('user012345', 'er0012')} limit 2000)
-      select (select count(*) from m) as matches, '[' || string_agg(coalesce(users.user_json, gatehouse_user_json(users)), ',' order by k.sort_key, k.id) || ']' as json, count(*) as n
-      from (select id, sort_key from m order by sort_key, id limit 51) k join users on users.id = k.id`)])
+      select users.*, (select count(*) from m) as matches
+      from (select id, sort_key from m order by sort_key, id limit 51) k join users on users.id = k.id order by k.sort_key, k.id`)])
     await sql.raw('set plan_cache_mode = force_generic_plan').execute(db)
     try {
       for (const [name, prepare, execute] of [

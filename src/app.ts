@@ -10,6 +10,7 @@ import { MailTemplates } from './mail/mail.templates.ts'
 import authPlugin from './auth/auth.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import usersRoutes from './users/users.routes.ts'
+import { PageCache, USERS_PAGE_CACHE_BYTES } from './users/page-cache.ts'
 import groupsRoutes from './groups/groups.routes.ts'
 import apiKeysRoutes from './api-keys/api-keys.routes.ts'
 import eventsRoutes from './events/events.routes.ts'
@@ -74,6 +75,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   app.decorate('config', config)
   app.decorate('db', db)
   app.decorate('credentials', credentials)
+  app.decorate('usersPages', new PageCache(USERS_PAGE_CACHE_BYTES))
   app.decorate('passwords', passwords)
   const { webhooks, mail } = await startOutboxWorkers(app, config, mailTemplates)
   app.decorate('webhooks', webhooks)

@@ -21,8 +21,6 @@ export interface Config {
   /** PostgreSQL schema to use (search_path); lets one database hold several deployments or test runs. */
   databaseSchema: string | undefined
   databasePoolSize: number
-  /** PostgreSQL: how many of the databasePoolSize connections short reads are pipelined on (db/database.ts ReadPipelines), at most all but one; 0: none, every read takes a pooled connection. */
-  databaseReadPipelines: number
   /** SQLite: how much of the database file, in MiB, is read through a memory map (0: none). */
   sqliteMmapMib: number
   /** SQLite: the WAL size, in MiB, past which it is emptied between transactions, and cut back to once checkpointed. */
@@ -207,7 +205,6 @@ const DEFAULTS: Config = {
   databaseUrl: 'sqlite:./data/gatehouse.db',
   databaseSchema: undefined,
   databasePoolSize: 10,
-  databaseReadPipelines: 4,
   sqliteMmapMib: 256,
   sqliteWalLimitMib: 64,
   databaseStatementTimeoutMs: 5000,
@@ -335,7 +332,6 @@ export function loadConfig (env: NodeJS.ProcessEnv = process.env): Config {
   c.databaseUrl = str('DATABASE_URL') ?? c.databaseUrl
   c.databaseSchema = str('DATABASE_SCHEMA')
   c.databasePoolSize = int('DATABASE_POOL_SIZE', c.databasePoolSize)
-  c.databaseReadPipelines = int('DATABASE_READ_PIPELINES', c.databaseReadPipelines)
   c.sqliteMmapMib = int('SQLITE_MMAP_MIB', c.sqliteMmapMib)
   c.sqliteWalLimitMib = int('SQLITE_WAL_LIMIT_MIB', c.sqliteWalLimitMib)
   c.databaseStatementTimeoutMs = int('DATABASE_STATEMENT_TIMEOUT_MS', c.databaseStatementTimeoutMs)
@@ -523,7 +519,6 @@ function validate (c: Config): Config {
     throw new ConfigError(`LOGIN_DEFAULT_NEXT must be a path on this origin such as / or /pipelines, got "${c.loginDefaultNext}"`)
   }
   if (c.databasePoolSize < 1) throw new ConfigError('DATABASE_POOL_SIZE must be at least 1')
-  if (c.databaseReadPipelines < 0 || c.databaseReadPipelines > 64) throw new ConfigError('DATABASE_READ_PIPELINES must be 0 (none) to 64')
   if (c.hashQueueLimit < 0) throw new ConfigError('HASH_QUEUE_LIMIT must be 0 or more')
   if (c.hashConcurrency < 1) throw new ConfigError('HASH_CONCURRENCY must be at least 1')
   if (c.hashNice < 0 || c.hashNice > 19) throw new ConfigError('HASH_NICE must be 0 (off) to 19')
@@ -595,6 +590,22 @@ function validateMail (c: Config): void {
  */
 export function isSameOriginPath (value: string): boolean {
   return value.length <= 2048 && /^\/(?![/\\])/.test(value) && !/[\p{Cc}\\]/u.test(value)
+}
+
+/**
+ * Settings an earlier release read and this one does not, each with what
+ * took its place. Set, one is ignored, and the start says so (server.ts):
+ * an environment written for the earlier release still starts.
+ */
+export const RETIRED_SETTINGS: Readonly<Record<string, string>> = {
+  DATABASE_READ_PIPELINES: 'no longer needed: every query takes a connection of the pool, whose size is DATABASE_POOL_SIZE'
+}
+
+/** One warning for each retired setting this environment sets. */
+export function retiredSettingWarnings (env: NodeJS.ProcessEnv): string[] {
+  return Object.entries(RETIRED_SETTINGS)
+    .filter(([name]) => env[name] !== undefined)
+    .map(([name, instead]) => `${name} is set but no longer read, and is ignored: ${instead}`)
 }
 
 declare module 'fastify' {

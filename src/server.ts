@@ -3,7 +3,7 @@ import { pathToFileURL } from 'node:url'
 import closeWithGrace from 'close-with-grace'
 import { buildApp } from './app.ts'
 import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
-import { ConfigError, loadConfig } from './config.ts'
+import { ConfigError, loadConfig, retiredSettingWarnings } from './config.ts'
 import { SchemaBehindError } from './db/migrate.ts'
 import { AppError } from './errors.ts'
 
@@ -35,6 +35,7 @@ export async function startServer (): Promise<void> {
     }
     throw error
   }
+  for (const warning of retiredSettingWarnings(process.env)) app.log.warn(warning)
   try {
     await registerConfiguredAdmins(app.db, app.passwords, config, app.log)
   } catch (error) {

@@ -1,6 +1,5 @@
 import { sql, type Selectable } from 'kysely'
 import { isPostgres, type ApiKeysTable, type Db } from '../db/database.ts'
-import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { nowIso } from '../lib/ids.ts'
@@ -54,15 +53,15 @@ export async function findApiKeyById (db: Db, id: string): Promise<ApiKeyRow | u
 
 /** The credential check on every request: one indexed lookup, with the owner's state joined in. */
 export async function findApiKeyByDigest (db: Db, digest: string) {
-  const [row] = await executePrepared(db, 'api_key_by_digest', param => db.selectFrom('api_keys')
+  return await db.selectFrom('api_keys')
     .leftJoin('users', 'users.id', 'api_keys.user_id')
     .select([
       'api_keys.id', 'api_keys.scopes', 'api_keys.user_id', 'api_keys.expires_at', 'api_keys.revoked_at',
       'api_keys.last_used_at', 'users.role as owner_role', 'users.disabled as owner_disabled',
       'users.username as owner_username', 'users.groups as owner_groups'
     ])
-    .where('api_keys.digest', '=', param('digest')), { digest })
-  return row
+    .where('api_keys.digest', '=', digest)
+    .executeTakeFirst()
 }
 
 export async function listApiKeys (db: Db, options: { includeRevoked: boolean }): Promise<ApiKeyRow[]> {

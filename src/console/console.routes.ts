@@ -18,7 +18,7 @@ import { authenticateSession, endUserSession, listUserSessions } from '../sessio
 import { UserIdParams, type User } from '../users/users.schemas.ts'
 import { GroupIdParams, GroupMemberParams } from '../groups/groups.schemas.ts'
 import { addMembers, createGroup, deleteGroupById, getGroup, listGroupsPage, listMembersPage, removeMember, updateGroupById } from '../groups/groups.service.ts'
-import { findUserById, pageString, type PageText } from '../users/users.repository.ts'
+import { findUserById } from '../users/users.repository.ts'
 import { findProvisionerName, findProvisioningOf } from '../scim/scim.repository.ts'
 import { mailAlert, mailPages, mailStateOf } from './mail-status.ts'
 import { findInvitationMail } from '../mail/mail.repository.ts'
@@ -156,7 +156,7 @@ declare module 'fastify' {
 export default async function consoleRoutes (app: FastifyTypeBox, sessions: SessionsDeps): Promise<void> {
   const base = app.config.basePath
   const admin = `${base}/admin`
-  const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config), invitations: app.config }
+  const deps: UsersDeps = { db: app.db, passwords: app.passwords, passwordPolicy: passwordPolicyOf(app.config), invitations: app.config, pages: app.usersPages }
   app.decorateRequest('consoleUser', undefined)
   app.decorateRequest('consoleMail', undefined)
 
@@ -224,12 +224,10 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
   // -------------------------------------------------------------------------
   // Users
 
-  const usersFrom = (json: PageText): User[] => JSON.parse(pageString(json)) as User[]
-
   const isLastAdmin = async (user: User): Promise<boolean> => {
     if (user.role !== 'admin' || user.disabled) return false
     const admins = await listUsersPage(deps, { role: 'admin', disabled: false }, 'created_at', 2, undefined)
-    return usersFrom(admins.json).length < 2
+    return admins.users.length < 2
   }
 
   /**
@@ -266,7 +264,7 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const page = await listUsersPage(deps, { q: query.q, role: query.role, group: query.group, disabled: query.disabled }, query.sort ?? 'created_at', PAGE_SIZE, query.cursor)
     const q = request.query as Record<string, unknown>
     const notice = q.done === 'deleted' && typeof q.username === 'string' ? deletedNotice(viewOf(request), q.username) : undefined
-    return sendPage(reply, 200, usersPage(viewOf(request, notice), { users: usersFrom(page.json), query, nextCursor: page.nextCursor }))
+    return sendPage(reply, 200, usersPage(viewOf(request, notice), { users: page.users, query, nextCursor: page.nextCursor }))
   })
 
   app.get('/admin/users/new', { schema: hidden }, async (request, reply) => {

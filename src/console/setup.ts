@@ -13,7 +13,6 @@ import { reserveAttempt } from '../sessions/throttle.ts'
 import { signIn } from '../sign-in/password.flow.ts'
 import { sessionContext, setSignInCookies } from '../sessions/cookies.ts'
 import { createUser, listUsersPage, type UsersDeps } from '../users/users.service.ts'
-import { pageString } from '../users/users.repository.ts'
 import { fieldOfError, parseCreate, text, type FieldErrors, type Fields } from './console.forms.ts'
 
 interface FormState {
@@ -75,7 +74,7 @@ export default async function setupRoutes (app: FastifyTypeBox, deps: SessionsDe
 
   const adminExists = async (): Promise<boolean> => {
     const admins = await listUsersPage(usersDeps, { role: 'admin', disabled: false }, 'created_at', 1, undefined)
-    return (JSON.parse(pageString(admins.json)) as unknown[]).length > 0
+    return admins.users.length > 0
   }
 
   app.get('/admin/setup', { schema: { hide: true } }, async (_request, reply) => {

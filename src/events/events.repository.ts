@@ -1,6 +1,5 @@
 import type { Selectable } from 'kysely'
 import type { Db, EventsTable } from '../db/database.ts'
-import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { newId, nowIso } from '../lib/ids.ts'
 import { queueNotices } from '../mail/mail.outbox.ts'
@@ -29,10 +28,8 @@ export async function findEventsByIds (db: Db, ids: string[]): Promise<EventRow[
 
 const EVENT_COLUMNS = ['id', 'type', 'occurred_at', 'actor_type', 'actor_id', 'target_type', 'target_id', 'request_id', 'client_ip', 'data'] as const
 
-/** Compiled once (db/prepared.ts): every change and every sign-in writes one. */
 export async function insertEvent (db: Db, event: NewEventRow): Promise<void> {
-  await executePrepared(db, 'insert_event', param => db.insertInto('events')
-    .values(Object.fromEntries(EVENT_COLUMNS.map(column => [column, param(column)])) as unknown as NewEventRow), { ...event })
+  await db.insertInto('events').values(Object.fromEntries(EVENT_COLUMNS.map(column => [column, event[column]])) as unknown as NewEventRow).execute()
 }
 
 /** Where a page continues: before this event (and, in a time range, before its time). */

@@ -1,6 +1,5 @@
 import { sql } from 'kysely'
 import type { Db, SignInMethod } from '../db/database.ts'
-import { executePrepared } from '../db/prepared.ts'
 
 // ---------------------------------------------------------------------------
 // TOTP
@@ -123,11 +122,10 @@ export async function recordPasskeyUse (db: Db, id: string, previousCount: numbe
 // All factors
 
 export async function factorCounts (db: Db, userId: string): Promise<{ totp: boolean, passkeys: number }> {
-  // Compiled once (db/prepared.ts): every password sign-in asks.
-  const [row] = await executePrepared(db, 'factor_counts', param => db.selectNoFrom(eb => [
-    eb.selectFrom('totp_factors').select(sql<number>`1`.as('x')).where('user_id', '=', param('userId')).where('confirmed_at', 'is not', null).as('totp'),
-    eb.selectFrom('passkeys').select(eb2 => eb2.fn.countAll<number | string>().as('n')).where('user_id', '=', param('userId')).as('passkeys')
-  ]), { userId })
+  const row = await db.selectNoFrom(eb => [
+    eb.selectFrom('totp_factors').select(sql<number>`1`.as('x')).where('user_id', '=', userId).where('confirmed_at', 'is not', null).as('totp'),
+    eb.selectFrom('passkeys').select(eb2 => eb2.fn.countAll<number | string>().as('n')).where('user_id', '=', userId).as('passkeys')
+  ]).executeTakeFirst()
   return { totp: row!.totp !== null, passkeys: Number(row!.passkeys ?? 0) }
 }
 

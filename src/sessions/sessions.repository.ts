@@ -1,6 +1,5 @@
 import { sql } from 'kysely'
 import { isPostgres, toIso, type Db, type SignInMethod } from '../db/database.ts'
-import { executePrepared } from '../db/prepared.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { recordEvent } from '../events/events.repository.ts'
 import { closeSignInChallengesOfUser } from '../mfa/mfa.repository.ts'
@@ -26,22 +25,25 @@ const SESSION_COLUMNS = [
   'id', 'user_id', 'digest', 'created_at', 'last_seen_at', 'expires_at', 'ended_at', 'client_ip', 'user_agent', 'mfa', 'sign_in_method', 'sign_in_provider'
 ] as const
 
-/** Compiled once (db/prepared.ts), as every statement of a password sign-in's transaction. */
 export async function insertSession (db: Db, row: NewSessionRow): Promise<void> {
-  await executePrepared(db, 'insert_session', param => db.insertInto('sessions')
-    .values(Object.fromEntries(SESSION_COLUMNS.map(column => [column, param(column)])) as unknown as NewSessionRow), { ...row, mfa: row.mfa ?? false })
+  await db.insertInto('sessions').values(sessionValues(row)).execute()
+}
+
+/** Every column of the session, `mfa` false unless it was shown. */
+function sessionValues (row: NewSessionRow): NewSessionRow {
+  return Object.fromEntries(SESSION_COLUMNS.map(column => [column, column === 'mfa' ? row.mfa ?? false : row[column]])) as unknown as NewSessionRow
 }
 
 /** The session check on every cookie or session-token request: one indexed lookup with the user's state. */
 export async function findSessionByDigest (db: Db, digest: string) {
-  const [row] = await executePrepared(db, 'session_by_digest', param => db.selectFrom('sessions')
+  return await db.selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
     .select([
       'sessions.id', 'sessions.user_id', 'sessions.last_seen_at', 'sessions.expires_at', 'sessions.ended_at', 'sessions.mfa',
       'users.username', 'users.role', 'users.groups', 'users.disabled'
     ])
-    .where('sessions.digest', '=', param('digest')), { digest })
-  return row
+    .where('sessions.digest', '=', digest)
+    .executeTakeFirst()
 }
 
 /**
@@ -118,9 +120,9 @@ export async function deleteSessionsEndedBefore (db: Db, before: string): Promis
 
 /** The users a sign-in identifier names: by folded username or folded email. */
 export async function findUsersBySignInKey (db: Db, key: string) {
-  // Compiled once; sent unnamed on PostgreSQL, where a named `select *` fails once a migration changes the table.
-  return await executePrepared(db, 'users_by_sign_in_key', param => db.selectFrom('users').selectAll()
-    .where(eb => eb.or([eb('username_key', '=', param('key')), eb('email_key', '=', param('key'))])), { key }, { serverPrepared: false })
+  return await db.selectFrom('users').selectAll()
+    .where(eb => eb.or([eb('username_key', '=', key), eb('email_key', '=', key)]))
+    .execute()
 }
 
 /**
@@ -146,9 +148,10 @@ export async function lockAccount (db: Db, userId: string, until: string): Promi
 
 /** Remembers that the user signed in from this address, now. */
 export async function recordSignInAddress (db: Db, userId: string, clientIp: string, at: string): Promise<void> {
-  await executePrepared(db, 'record_sign_in_address', param => db.insertInto('sign_in_addresses')
-    .values({ user_id: param('userId'), client_ip: param('clientIp'), last_sign_in_at: param('at') })
-    .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: param('at') })), { userId, clientIp, at })
+  await db.insertInto('sign_in_addresses')
+    .values({ user_id: userId, client_ip: clientIp, last_sign_in_at: at })
+    .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: at }))
+    .execute()
 }
 
 const SIGNED_IN_USER_COLUMNS = [
@@ -160,17 +163,14 @@ const SIGNED_IN_USER_COLUMNS = [
  * A sign-in's bookkeeping on its user (`last_login_at`; the failure count and
  * lock lifted unless `liftLock` is false; a re-made hash), returning the user
  * as the answer shows them. Without a new hash only bookkeeping columns change,
- * which empty no credential cache: compiled once (db/prepared.ts). A new hash
- * goes through Kysely, so the writes plugin sees it and empties the cache.
+ * which empty no credential cache (the writes plugin, auth/credential-cache.ts,
+ * knows them); a new hash empties it.
  */
 export async function recordSignInOnUser (db: Db, userId: string, at: string, change: { liftLock: boolean, rehash: string | undefined }) {
   const lift = change.liftLock ? { failed_logins: 0, locked_until: null } : {}
-  if (change.rehash !== undefined) {
-    return await db.updateTable('users').set({ last_login_at: at, ...lift, password_hash: change.rehash })
-      .where('id', '=', userId).returning(SIGNED_IN_USER_COLUMNS).executeTakeFirstOrThrow()
-  }
-  const [row] = await executePrepared(db, change.liftLock ? 'sign_in_bookkeeping' : 'sign_in_bookkeeping_locked', param => db.updateTable('users')
-    .set({ last_login_at: param('at'), ...lift }).where('id', '=', param('userId')).returning(SIGNED_IN_USER_COLUMNS), { at, userId })
+  const rehash = change.rehash !== undefined ? { password_hash: change.rehash } : {}
+  const row = await db.updateTable('users').set({ last_login_at: at, ...lift, ...rehash })
+    .where('id', '=', userId).returning(SIGNED_IN_USER_COLUMNS).executeTakeFirst()
   if (row === undefined) throw new Error(`no user ${userId} to sign in`)
   return row
 }
@@ -199,17 +199,17 @@ export async function recordSignInWithSession (
     return user
   }
   const lift = change.liftLock ? { failed_logins: 0, locked_until: null } : {}
-  const shape = `sign_in_with_session${change.liftLock ? '' : '_locked'}${change.address !== null ? '_address' : ''}`
-  const [row] = await executePrepared(db, shape, param => {
-    const written = db
-      .with('signed_in', q => q.updateTable('users').set({ last_login_at: param('at'), ...lift }).where('id', '=', param('userId')).returning(SIGNED_IN_USER_COLUMNS))
-      .with('new_session', q => q.insertInto('sessions').values(Object.fromEntries(SESSION_COLUMNS.map(column => [column, param(column)])) as unknown as NewSessionRow))
-    if (change.address === null) return written.selectFrom('signed_in').selectAll()
-    return written.with('address', q => q.insertInto('sign_in_addresses')
-      .values({ user_id: param('userId'), client_ip: param('clientIp'), last_sign_in_at: param('at') })
-      .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: param('at') })))
+  const address = change.address
+  const written = db
+    .with('signed_in', q => q.updateTable('users').set({ last_login_at: at, ...lift }).where('id', '=', userId).returning(SIGNED_IN_USER_COLUMNS))
+    .with('new_session', q => q.insertInto('sessions').values(sessionValues(session)))
+  const row = await (address === null
+    ? written.selectFrom('signed_in').selectAll()
+    : written.with('address', q => q.insertInto('sign_in_addresses')
+      .values({ user_id: userId, client_ip: address, last_sign_in_at: at })
+      .onConflict(oc => oc.columns(['user_id', 'client_ip']).doUpdateSet({ last_sign_in_at: at })))
       .selectFrom('signed_in').selectAll()
-  }, { ...session, mfa: session.mfa ?? false, at, userId, clientIp: change.address })
+  ).executeTakeFirst()
   if (row === undefined) throw new Error(`no user ${userId} to sign in`)
   return row
 }

@@ -4,7 +4,6 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { countMailsByStatus } from '../mail/mail.repository.ts'
 import { countDeliveriesByStatus } from '../webhooks/webhooks.repository.ts'
 import { problems } from '../lib/openapi.ts'
-import { pageCacheCounts } from '../users/users.service.ts'
 import { transactionRetryCounts } from '../db/database.ts'
 
 /**
@@ -51,7 +50,7 @@ export default fp(async function metricsPlugin (app: FastifyInstance, options: {
     registers: [],
     collect () {
       this.reset()
-      for (const [result, count] of Object.entries(pageCacheCounts(app.db))) this.inc({ result }, count)
+      for (const [result, count] of Object.entries(app.usersPages.counts)) this.inc({ result }, count)
     }
   }))
 

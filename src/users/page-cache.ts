@@ -1,10 +1,13 @@
-import type { UserPageJson } from './users.repository.ts'
+import type { UserPage } from './users.repository.ts'
 
-interface Entry { stamp: string, page: UserPageJson }
+/** An instance's page cache: 4 MiB at most (a page of 50 is some 35 KiB by sizeOf). */
+export const USERS_PAGE_CACHE_BYTES = 4 * 1024 * 1024
+
+interface Entry { stamp: string, page: UserPage, size: number }
 
 /**
- * Rendered list pages, served again only while the database says nothing
- * could have changed them.
+ * List pages as read, served again only while the database says nothing
+ * could have changed them. One per instance (app.ts `usersPages`).
  *
  * Every lookup carries the stamp read from the database for this request
  * (users.repository.ts `readChangeStamp`), which moves with any committed
@@ -14,7 +17,7 @@ interface Entry { stamp: string, page: UserPageJson }
  * between makes the page newer than its stamp, which only costs a miss later,
  * whereas the other order could label an old page with a new stamp.
  *
- * Bounded by the bytes of JSON held, least recently used out first.
+ * Bounded by an estimate of the bytes held (sizeOf), least recently used out first.
  *
  * Reading the stamp is a round trip of its own on PostgreSQL, wasted whenever
  * the lookup misses. When the database is written all the time (or requests
@@ -46,7 +49,7 @@ export class PageCache {
     return true
   }
 
-  get (key: string, stamp: string, now = Date.now()): UserPageJson | undefined {
+  get (key: string, stamp: string, now = Date.now()): UserPage | undefined {
     const entry = this.#entries.get(key)
     if (entry === undefined || entry.stamp !== stamp) {
       this.counts.miss++
@@ -65,12 +68,12 @@ export class PageCache {
     return entry.page
   }
 
-  set (key: string, stamp: string, page: UserPageJson): void {
+  set (key: string, stamp: string, page: UserPage): void {
     const size = sizeOf(key, page)
     if (size > this.#maxBytes / 8) return
     const old = this.#entries.get(key)
     if (old !== undefined) this.#remove(key, old)
-    this.#entries.set(key, { stamp, page })
+    this.#entries.set(key, { stamp, page, size })
     this.#bytes += size
     for (const [oldestKey, oldest] of this.#entries) {
       if (this.#bytes <= this.#maxBytes) break
@@ -84,11 +87,29 @@ export class PageCache {
 
   #remove (key: string, entry: Entry): void {
     this.#entries.delete(key)
-    this.#bytes -= sizeOf(key, entry.page)
+    this.#bytes -= entry.size
   }
 }
 
-/** JavaScript strings hold two bytes a character at most: an upper bound of what an entry keeps alive. */
-function sizeOf (key: string, page: UserPageJson): number {
-  return 2 * (key.length + page.json.length + (page.next?.join('').length ?? 0))
+/**
+ * An upper bound of what an entry keeps alive: two bytes a character of its
+ * strings (JavaScript's widest), and 16 bytes for each other value and each
+ * property, array element or object.
+ */
+function sizeOf (key: string, page: UserPage): number {
+  return 2 * key.length + 2 * (page.next?.join('').length ?? 0) + valueSize(page.users)
+}
+
+function valueSize (value: unknown): number {
+  if (typeof value === 'string') return 16 + 2 * value.length
+  if (Array.isArray(value)) return value.reduce<number>((sum, item) => sum + valueSize(item), 16)
+  if (value !== null && typeof value === 'object') return Object.values(value).reduce<number>((sum, item) => sum + 16 + valueSize(item), 16)
+  return 16
+}
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** The users list's page cache of this instance. */
+    usersPages: PageCache
+  }
 }

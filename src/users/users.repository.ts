@@ -1,6 +1,5 @@
-import { sql, type RawBuilder, type Selectable, type SelectQueryBuilder, type Updateable } from 'kysely'
+import { sql, type Selectable, type SelectQueryBuilder, type Updateable } from 'kysely'
 import { isPostgres, toBool, toIso, toStringArray, type Database, type Db, type UsersTable } from '../db/database.ts'
-import { executePrepared } from '../db/prepared.ts'
 import type { NewEventRow } from '../events/events.repository.ts'
 import { queueDeliveriesMany } from '../webhooks/webhooks.outbox.ts'
 import type { ListUsersQuery, Sort, User } from './users.schemas.ts'
@@ -37,12 +36,50 @@ export interface NewUserRow {
   provisioned_at?: string | null
 }
 
-/** The columns a User is made of: never the password hash. */
-export const PUBLIC_COLUMNS = [
-  'id', 'username', 'email', 'first_name', 'last_name', 'role', 'groups', 'disabled', 'password_sign_in',
-  'email_verified', 'invitation_pending', 'version', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'
-] as const
-export type PublicUserRow = Pick<UserRow, typeof PUBLIC_COLUMNS[number]>
+/** One field of the User: the column it is read from, how a stored value becomes the field's, and its value in a row not yet written (the column's default). */
+interface UserField<C extends keyof UsersTable, T> { column: C, read: (value: UserRow[C]) => T, unwritten: T }
+
+const iso = (value: Date | string): string => toIso(value)
+
+function field<C extends keyof UsersTable> (column: C): UserField<C, UserRow[C]>
+function field<C extends keyof UsersTable, T> (column: C, read: (value: UserRow[C]) => T, unwritten: T): UserField<C, T>
+function field<C extends keyof UsersTable, T> (column: C, read?: (value: UserRow[C]) => T, unwritten?: T): UserField<C, T> {
+  return { column, read: read ?? (value => value as T), unwritten: (unwritten ?? null) as T }
+}
+
+/**
+ * The User of the API (users.schemas.ts), field by field in its order, and
+ * the column of `users` each is read from: the one place the two meet. Get
+ * User, the list's pages, sign-in answers, SCIM's mapping and the console all
+ * read users through it, and Fastify serializes the result by the schema.
+ * A new field is a nullable column (an additive migration), a property of
+ * the schema and a line here; `satisfies` fails the build while a field of
+ * the schema has no line, or a line no field.
+ */
+export const USER_COLUMNS = {
+  id: field('id'),
+  username: field('username'),
+  email: field('email'),
+  first_name: field('first_name'),
+  last_name: field('last_name'),
+  role: field('role'),
+  groups: field('groups', toStringArray, []),
+  disabled: field('disabled', toBool, false),
+  password_sign_in: field('password_sign_in', toBool, true),
+  email_verified: field('email_verified', toBool, false),
+  invitation_pending: field('invitation_pending', toBool, false),
+  created_at: field('created_at', iso, ''),
+  updated_at: field('updated_at', iso, ''),
+  last_login_at: field('last_login_at', toIso, null),
+  password_changed_at: field('password_changed_at', toIso, null)
+} satisfies { [F in keyof User]-?: { column: keyof UsersTable, read: (value: never) => User[F], unwritten: User[F] } }
+
+type UserColumn = typeof USER_COLUMNS[keyof typeof USER_COLUMNS]['column']
+const USER_FIELDS = Object.keys(USER_COLUMNS) as Array<keyof typeof USER_COLUMNS>
+
+/** The columns a User is made of, and its version (the ETag): never the password hash. */
+export const PUBLIC_COLUMNS: ReadonlyArray<UserColumn | 'version'> = [...USER_FIELDS.map(name => USER_COLUMNS[name].column), 'version']
+export type PublicUserRow = Pick<UserRow, UserColumn | 'version'>
 /** The same columns, qualified, for a query that joins users to another table. */
 export const PUBLIC_USER_COLUMNS = PUBLIC_COLUMNS.map(column => `users.${column}` as const)
 
@@ -167,32 +204,24 @@ const SORT_COLUMNS: Record<Sort, ['created_at' | 'username_key' | 'updated_at', 
 
 export type UserFilter = Omit<ListUsersQuery, 'limit' | 'cursor' | 'sort'>
 
-/** A page's JSON text: a string (PostgreSQL) or its UTF-8 bytes (SQLite), sent as it is either way. */
-export type PageText = string | Buffer
-
-/** The text of a page, for the few readers that parse it (the console). */
-export function pageString (json: PageText): string {
-  return typeof json === 'string' ? json : json.toString('utf8')
-}
-
-/** One page of users already rendered as a JSON array, and the keyset position after its last user. */
-export interface UserPageJson {
-  json: PageText
+/** One page of users, and the keyset position after its last user. */
+export interface UserPage {
+  users: User[]
   /** [sort value, id] of the last user on the page, when more users follow. */
   next: [string, string] | undefined
 }
 
-interface PageShape {
-  column: 'created_at' | 'username_key' | 'updated_at'
-  direction: 'asc' | 'desc'
-  shape: string
-  values: Record<string, unknown>
-  /** Builds the page query: parameters named, so the statement text is built once per shape (executePrepared). */
-  page: (db: Db, param: (name: string) => any) => ReturnType<typeof pageQuery>
-}
+type SortColumn = 'created_at' | 'username_key' | 'updated_at'
+type Direction = 'asc' | 'desc'
 
-function pageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction'], fixedLimit: number | undefined) {
+/** A page's row: the User's columns, and the case-folded username a page sorted by it continues from. */
+type PageRow = PublicUserRow & { username_key: string }
+
+function pageQuery (db: Db, filter: UserFilter, column: SortColumn, direction: Direction, limit: number, after: [string, string] | undefined, trigrams: boolean) {
   const cmp = direction === 'asc' ? '>' : '<'
+  const needle = filter.q?.toLowerCase()
+  const pattern = needle !== undefined ? `%${escapeLike(needle)}%` : undefined
+  const group = filter.group
   // A group's page walks its memberships in page order (each carries its
   // user's sort keys, migration 0018) and stops once the page is full: at
   // 1,000,000 users, `users.id in (the members)` cost a group of 10,000 a read
@@ -201,102 +230,43 @@ function pageQuery (db: Db, param: (name: string) => any, has: Record<string, bo
   // A cross join with the condition in WHERE is an inner join on PostgreSQL,
   // and on SQLite it fixes the memberships (on its left) as the outer loop: as
   // an inner join, SQLite's planner walked every user and probed memberships.
-  const [keyColumn, idColumn] = has.group === true ? [`group_members.${column}`, 'group_members.user_id'] : [`users.${column}`, 'users.id']
+  const [keyColumn, idColumn] = group !== undefined ? [`group_members.${column}`, 'group_members.user_id'] : [`users.${column}`, 'users.id']
   // Typed as both tables in either case: the memberships are only named (by sql.ref) when they are joined.
-  const from = has.group === true
+  const from = group !== undefined
     ? db.selectFrom('group_members').crossJoin('users')
     : db.selectFrom('users') as unknown as SelectQueryBuilder<Database, 'group_members' | 'users', object>
   return from
-    .$if(has.group === true, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')})`))
-    .select([sql.ref<string>('users.id').as('id'), sql.ref<string>(`users.${column}`).as(column)])
-    // The User as stored by triggers in the row itself (migrations 0023 and 0024; on SQLite the index of the default
-    // order carries it too, so that page reads no users row); rendered here from the columns should a user have no
-    // stored text. Only evaluated for the rows of the page (PostgreSQL projects after the LIMIT; SQLite's coalesce
-    // stops at the first value, and seeks the users row only when it reads a column the index lacks).
-    .select(isPostgres(db)
-      ? sql<string>`coalesce(users.user_json, gatehouse_user_json(users))`.as('user_json')
-      : sql<string>`coalesce(users.user_json, ${USER_JSON_SQLITE})`.as('user_json'))
+    .$if(group !== undefined, q => q.where(sql<boolean>`users.id = group_members.user_id and group_members.group_id = (select groups.id from groups where groups.display_name = ${group})`))
+    .select([...PUBLIC_USER_COLUMNS, 'users.username_key'])
     // SQLite: candidates from the trigram index first, then the LIKE decides,
     // so the result is exactly what the scan returned (migration 0016).
-    .$if(has.trigrams === true, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${param('phrase')})`))
-    .$if(has.q === true, q => q.where(eb => eb.or([
-      eb(sql`users.username_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`users.email_key`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(users.first_name)`, 'like', sql`${param('needle')} escape '\\'`),
-      eb(sql`lower(users.last_name)`, 'like', sql`${param('needle')} escape '\\'`)
+    .$if(trigrams && needle !== undefined, q => q.where(sql<boolean>`users.rowid in (select users_search.rowid from users_search where users_search match ${ftsPhrase(needle ?? '')})`))
+    .$if(pattern !== undefined, q => q.where(eb => eb.or([
+      eb(sql`users.username_key`, 'like', sql`${pattern} escape '\\'`),
+      eb(sql`users.email_key`, 'like', sql`${pattern} escape '\\'`),
+      eb(sql`lower(users.first_name)`, 'like', sql`${pattern} escape '\\'`),
+      eb(sql`lower(users.last_name)`, 'like', sql`${pattern} escape '\\'`)
     ])))
-    .$if(has.username === true, q => q.where('users.username_key', '=', param('username_key')))
-    .$if(has.email === true, q => q.where('users.email_key', '=', param('email_key')))
-    .$if(has.role === true, q => q.where('users.role', '=', param('role')))
-    .$if(has.disabled === true, q => q.where('users.disabled', '=', param('disabled')))
+    .$if(filter.username !== undefined, q => q.where('users.username_key', '=', filter.username?.toLowerCase() ?? ''))
+    .$if(filter.email !== undefined, q => q.where('users.email_key', '=', filter.email?.toLowerCase() ?? ''))
+    .$if(filter.role !== undefined, q => q.where('users.role', '=', filter.role ?? 'user'))
+    .$if(filter.disabled !== undefined, q => q.where('users.disabled', '=', filter.disabled ?? false))
     // A row-value comparison, not `a > x OR (a = x AND id > y)`: both engines
     // answer it with an index range search; the OR form scans from the start
     // of the index on every page, which made the full list quadratic.
-    .$if(has.after === true, q => q.where(sql<boolean>`(${sql.ref(keyColumn)}, ${sql.ref(idColumn)}) ${sql.raw(cmp)} (${param('after_key')}, ${param('after_id')})`))
+    .$if(after !== undefined, q => q.where(sql<boolean>`(${sql.ref(keyColumn)}, ${sql.ref(idColumn)}) ${sql.raw(cmp)} (${after?.[0]}, ${after?.[1]})`))
     .orderBy(sql.ref(keyColumn), direction)
     .orderBy(sql.ref(idColumn), direction)
     // One more than the page, to know whether another page follows.
-    .limit(fixedLimit !== undefined ? sql.lit(fixedLimit) : param('limit_plus_one'))
+    .limit(limit + 1)
 }
 
-/**
- * Page sizes written into the statement's text rather than bound. PostgreSQL
- * plans a named statement once for all values only when that plan looks no
- * dearer than planning for each, and with `LIMIT $n` it assumes a tenth of the
- * table: so every page was planned anew, 0.3 ms of its backend's CPU. With the
- * limit in the text the plan is made once. Measured on one connection, 3,000
- * uncached pages of 50 (20,000 users, CPU of the backend per page, three
- * rounds): 377–443 µs bound, 183–207 µs written. Only these sizes, so that
- * the statements each connection keeps stay few; any other size is bound.
- */
-const FIXED_LIMITS = new Set([1, 10, 20, 25, 50, 100, 200, 250, 500, 1000])
-/** A page's filters and keyset position as both page statements (pageQuery, searchPageQuery) bind them, and what each statement's shape has. */
-function pageBindings (filter: UserFilter, limit: number, after: [string, string] | undefined) {
-  return {
-    fixedLimit: FIXED_LIMITS.has(limit) ? limit + 1 : undefined,
-    has: {
-      username: filter.username !== undefined,
-      email: filter.email !== undefined,
-      role: filter.role !== undefined,
-      disabled: filter.disabled !== undefined,
-      group: filter.group !== undefined,
-      after: after !== undefined
-    },
-    values: {
-      username_key: filter.username?.toLowerCase(),
-      email_key: filter.email?.toLowerCase(),
-      role: filter.role,
-      disabled: filter.disabled,
-      group: filter.group,
-      after_key: after?.[0],
-      after_id: after?.[1],
-      limit_plus_one: limit + 1
-    }
-  }
-}
-
-/** A statement's name: what it has, so each combination is prepared once. */
-function shapeName (prefix: string, sort: Sort, has: Record<string, boolean>, fixedLimit: number | undefined): string {
-  return `${prefix}:${sort}:${Object.entries(has).filter(([, present]) => present).map(([name]) => name).join(',')}:${fixedLimit ?? 'limit'}`
-}
-
-function pageShape (filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined, trigrams = false): PageShape {
-  const bindings = pageBindings(filter, limit, after)
-  const { fixedLimit } = bindings
-  const [column, direction] = SORT_COLUMNS[sort]
-  const needle = filter.q?.toLowerCase()
-  const has = { q: needle !== undefined, trigrams, ...bindings.has }
-  return {
-    column,
-    direction,
-    shape: shapeName('users_page', sort, has, fixedLimit),
-    values: {
-      needle: needle !== undefined ? `%${escapeLike(needle)}%` : undefined,
-      phrase: needle !== undefined ? ftsPhrase(needle) : undefined,
-      ...bindings.values
-    },
-    page: (db, param) => pageQuery(db, param, has, column, direction, fixedLimit)
-  }
+/** The page's users without the extra one read to know whether another page follows, and the keyset position after them. */
+function pageOf (rows: PageRow[], limit: number, column: SortColumn): UserPage {
+  if (rows.length <= limit) return { users: rows.map(toUser), next: undefined }
+  const kept = rows.slice(0, limit)
+  const last = kept[kept.length - 1]!
+  return { users: kept.map(toUser), next: [column === 'username_key' ? last.username_key : toIso(last[column]), last.id] }
 }
 
 /**
@@ -314,9 +284,8 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
   const needle = q.toLowerCase()
   // Trigrams need three characters; a shorter needle is answered by the scan alone.
   if ([...needle].length < 3) return false
-  const [row] = await executePrepared(db, 'users_search_candidates', param =>
-    db.selectFrom(sql<{ rowid: number }>`(select rowid from users_search where users_search match ${param('phrase')} limit ${param('max')})`.as('c'))
-      .select(sql<number>`count(*)`.as('n')), { phrase: ftsPhrase(needle), max: TRIGRAM_CANDIDATES_MAX })
+  const row = await db.selectFrom(sql<{ rowid: number }>`(select rowid from users_search where users_search match ${ftsPhrase(needle)} limit ${TRIGRAM_CANDIDATES_MAX})`.as('c'))
+    .select(sql<number>`count(*)`.as('n')).executeTakeFirst()
   return Number(row?.n ?? 0) < TRIGRAM_CANDIDATES_MAX
 }
 
@@ -324,7 +293,7 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * PostgreSQL: a page of a search in one statement, when fewer than
  * TRIGRAM_CANDIDATES_MAX users match it; undefined otherwise (or for a needle
  * too short for a trigram, or one whose trigrams are all common, below), and
- * the page is then planned with the needle as any other (listUsersJson).
+ * the page is then planned with the needle as any other (listUsers).
  *
  * The candidates come from pg_trgm's indexes, asked with the needle's
  * selective part only (selectivePart): a bitmap heap scan, which visits the
@@ -332,7 +301,7 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * the fields the filters test (step `c`). The whole needle's LIKE and the
  * other filters keep the matches (step `m`, at most TRIGRAM_CANDIDATES_MAX of
  * them); those are sorted by the key they carry, and only the page's users
- * are read again, by primary key, for their stored JSON. Both steps are
+ * are read again, by primary key. Both steps are
  * MATERIALIZED, so that the planner can neither pick the whole needle's
  * LIKEs, which are indexable too, for the scan, nor walk the sort's index
  * with the LIKE as a filter: by its estimate of the matches (a fixed guess for
@@ -351,7 +320,7 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * before, 8.9 ms after (load 3.9; at load 10, 24.3 and 17.0 ms); the other
  * shapes unchanged (bench/README.md, "Issue 20: PostgreSQL q=, fourth pass").
  */
-async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson | undefined> {
+async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPage | undefined> {
   if (filter.q === undefined) return undefined
   const needle = filter.q.toLowerCase()
   if ([...needle].length < 3) return undefined
@@ -361,50 +330,43 @@ async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit
   // for `q=hopper` (one user in eight) took a sequential read of 16,000 users, 25-37 ms at 1,000,000 users
   // (EXPLAIN ANALYZE; the page itself 0.7 ms).
   if (part === undefined) return undefined
-  const { fixedLimit, has, values } = pageBindings(filter, limit, after)
   const [column, direction] = SORT_COLUMNS[sort]
-  const [row] = await executePrepared(db, shapeName('users_search_page', sort, has, fixedLimit), param => searchPageQuery(db, param, has, column, direction, fixedLimit), {
-    part: `%${escapeLike(part)}%`,
-    needle: `%${escapeLike(needle)}%`,
-    max: TRIGRAM_CANDIDATES_MAX,
-    ...values
-  }, { serverPrepared: false })
-  if (row === undefined) throw new Error('an aggregate query returned no row')
-  if (Number(row.matches) >= TRIGRAM_CANDIDATES_MAX) return undefined
-  return cutPage(row.json ?? '[]', Number(row.n), limit, column)
+  const rows = await searchPageQuery(db, filter, column, direction, limit, after, { part: `%${escapeLike(part)}%`, needle: `%${escapeLike(needle)}%` }).execute()
+  // No row: no match at all (the page takes at least one of the matches).
+  if (Number(rows[0]?.matches ?? 0) >= TRIGRAM_CANDIDATES_MAX) return undefined
+  return pageOf(rows, limit, column)
 }
 
-function searchPageQuery (db: Db, param: (name: string) => any, has: Record<string, boolean>, column: PageShape['column'], direction: PageShape['direction'], fixedLimit: number | undefined) {
+function searchPageQuery (db: Db, filter: UserFilter, column: SortColumn, direction: Direction, limit: number, after: [string, string] | undefined, patterns: { part: string, needle: string }) {
   const cmp = direction === 'asc' ? '>' : '<'
+  const group = filter.group
   // The four searched expressions exactly as migration 0016 indexes them.
-  const containing = (pattern: unknown) => sql<boolean>`(username_key like ${pattern} escape '\\' or email_key like ${pattern} escape '\\'
+  const containing = (pattern: string) => sql<boolean>`(username_key like ${pattern} escape '\\' or email_key like ${pattern} escape '\\'
     or lower(first_name) like ${pattern} escape '\\' or lower(last_name) like ${pattern} escape '\\')`
   return db
     .with(wb => wb('c').materialized(), qb => qb.selectFrom('users')
       .select(['id', 'username_key', 'email_key', 'first_name', 'last_name', 'role', 'disabled', sql.ref<string>(column).as('sort_key')])
-      .where(containing(param('part'))))
+      .where(containing(patterns.part)))
     .with(wb => wb('m').materialized(), qb => qb.selectFrom('c').select(['id', 'sort_key'])
-      .where(containing(param('needle')))
-      .$if(has.username === true, q => q.where('username_key', '=', param('username_key')))
-      .$if(has.email === true, q => q.where('email_key', '=', param('email_key')))
-      .$if(has.role === true, q => q.where('role', '=', param('role')))
-      .$if(has.disabled === true, q => q.where('disabled', '=', param('disabled')))
+      .where(containing(patterns.needle))
+      .$if(filter.username !== undefined, q => q.where('username_key', '=', filter.username?.toLowerCase() ?? ''))
+      .$if(filter.email !== undefined, q => q.where('email_key', '=', filter.email?.toLowerCase() ?? ''))
+      .$if(filter.role !== undefined, q => q.where('role', '=', filter.role ?? 'user'))
+      .$if(filter.disabled !== undefined, q => q.where('disabled', '=', filter.disabled ?? false))
       // A member's keys in group_members are copies of the user's (migration 0018, by trigger), so ordering a
       // group's matches by the user's own key is the order of a group's page.
-      .$if(has.group === true, q => q.where(sql<boolean>`exists (select 1 from group_members where group_members.user_id = c.id
-        and group_members.group_id = (select groups.id from groups where groups.display_name = ${param('group')}))`))
-      .$if(has.after === true, q => q.where(sql<boolean>`(c.sort_key, c.id) ${sql.raw(cmp)} (${param('after_key')}, ${param('after_id')})`))
-      .limit(param('max')))
+      .$if(group !== undefined, q => q.where(sql<boolean>`exists (select 1 from group_members where group_members.user_id = c.id
+        and group_members.group_id = (select groups.id from groups where groups.display_name = ${group}))`))
+      .$if(after !== undefined, q => q.where(sql<boolean>`(c.sort_key, c.id) ${sql.raw(cmp)} (${after?.[0]}, ${after?.[1]})`))
+      .limit(TRIGRAM_CANDIDATES_MAX))
     .selectFrom(qb => qb.selectFrom('m').select(['id', 'sort_key'])
       .orderBy('sort_key', direction).orderBy('id', direction)
       // One more than the page, to know whether another page follows.
-      .limit(fixedLimit !== undefined ? sql.lit(fixedLimit) : param('limit_plus_one')).as('k'))
+      .limit(limit + 1).as('k'))
     .innerJoin('users', 'users.id', 'k.id')
-    .select([
-      sql<number | string>`(select count(*) from m)`.as('matches'),
-      sql<string | null>`'[' || string_agg(coalesce(users.user_json, gatehouse_user_json(users)), ',' order by k.sort_key ${sql.raw(direction)}, k.id ${sql.raw(direction)}) || ']'`.as('json'),
-      sql<number | string>`count(*)`.as('n')
-    ])
+    .select([...PUBLIC_USER_COLUMNS, 'users.username_key', sql<number | string>`(select count(*) from m)`.as('matches')])
+    .orderBy('k.sort_key', direction)
+    .orderBy('k.id', direction)
 }
 
 /**
@@ -486,93 +448,33 @@ async function trigramFrequencies (db: Db): Promise<Map<string, number>> {
 
 async function readTrigramFrequencies (db: Db): Promise<Map<string, number>> {
   // The view is PostgreSQL 14's; naming it on an older server would fail the search.
-  const [view] = await executePrepared(db, 'users_search_trigram_statistics_view', () =>
-    db.selectNoFrom(sql<boolean>`to_regclass('pg_catalog.pg_stats_ext_exprs') is not null`.as('present')), {})
+  const view = await db.selectNoFrom(sql<boolean>`to_regclass('pg_catalog.pg_stats_ext_exprs') is not null`.as('present')).executeTakeFirst()
   if (view?.present !== true) return new Map()
-  const [row] = await executePrepared(db, 'users_search_trigram_statistics', () => db.selectNoFrom(
+  const row = await db.selectNoFrom(
     sql<{ trigram: string, frequency: number }[]>`(select coalesce(json_agg(json_build_array(t.trigram, t.frequency)), '[]'::json)
       from pg_stats_ext_exprs s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) as t(trigram, frequency)
-      where s.statistics_schemaname = current_schema() and s.statistics_name = 'users_search_trigrams' and t.trigram is not null)`.as('pairs')), {})
+      where s.statistics_schemaname = current_schema() and s.statistics_name = 'users_search_trigrams' and t.trigram is not null)`.as('pairs')).executeTakeFirst()
   return new Map((row?.pairs ?? []) as unknown as Array<[string, number]>)
 }
 
 /**
- * One keyset page, already rendered as a JSON array in the User shape, and the
- * keyset position after it: users strictly after `after` = [sort value, id] in
- * the requested order (the id breaks ties, so every user is seen exactly once).
- *
- * The database concatenates each user's stored rendering (`users.user_json`,
- * migrations 0021, 0023 and 0024), so no row of the page is decoded or
- * serialized here. Issue 20, uncached pages of 50 on 100,000 users: on SQLite
- * the query cost 96–133 µs of CPU with each user built by `json_object` on
- * every read and 50–72 µs with the stored texts (same process, interleaved
- * rounds); since 0024 the default order's page is one range of the index
- * that carries the text (39–44 µs against 58–68 at 20,000 users); on PostgreSQL the
- * rows (17 columns each) cost the server 330–450 µs to decode, map and
- * serialize per page, against one text column now (`npm run bench`,
- * bench/README.md has the in-server figures).
- *
- * One user more than the page is read, to know whether another page follows;
- * it is cut from the text below.
+ * One keyset page: users strictly after `after` = [sort value, id] in the
+ * requested order (the id breaks ties, so every user is seen exactly once),
+ * read as the User's columns (USER_COLUMNS), and the keyset position after
+ * the page. One user more than the page is read, to know whether another
+ * page follows.
  */
-export async function listUsersJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
+export async function listUsers (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPage> {
   const pg = isPostgres(db)
   if (pg) {
     const searched = await searchPagePostgres(db, filter, sort, limit, after)
     if (searched !== undefined) return searched
   }
-  const { column, direction, shape, values, page } = pg
-    ? pageShape(filter, sort, limit, after)
-    : pageShape(filter, sort, limit, after, await fewTrigramCandidates(db, filter.q))
-  // SQLite aggregates a FROM subquery with ORDER BY and LIMIT in the
-  // subquery's order (it runs it as a co-routine and cannot flatten it into
-  // an aggregate); PostgreSQL is told the order.
-  // SQLite hands the page over as its UTF-8 bytes (a blob), which go out as
-  // they are: as a string it was decoded here, then measured (Buffer.byteLength,
-  // for Content-Length) and encoded again for the socket, some 20 µs a page of
-  // 50 (measured beside it: bench/README.md, "Issue 20: the request pipeline").
-  const joined: RawBuilder<PageText | null> = pg
-    ? sql<string | null>`'[' || string_agg(p.user_json, ',' order by ${sql.ref(`p.${column}`)} ${sql.raw(direction)}, p.id ${sql.raw(direction)}) || ']'`
-    : sql<Buffer | null>`cast('[' || group_concat(p.user_json, ',') || ']' as blob)`
-  // A search is planned with its needle on PostgreSQL, so that pg_trgm's indexes are used when the needle is rare
-  // (db/prepared.ts). A role's page too: the generic plan takes `role = $1` for half the users (two values) and
-  // walked users_username_key_unique filtering on the role for `role=admin&sort=username`, 50,949 rows for a page
-  // (53 ms), where planned with the role it is a range of users_role_username_idx (0.3 ms, planning 0.4 ms; EXPLAIN
-  // ANALYZE at 1,000,000 users, `npm run bench:search`'s seed, where this shape had p50 17.7 ms once the bench's
-  // requests missed the page cache).
-  const [row] = await executePrepared(db, shape, param =>
-    db.selectFrom(page(db, param).as('p')).select([joined.as('json'), sql<number | string>`count(*)`.as('n')]), values,
-  { serverPrepared: filter.q === undefined && filter.role === undefined })
-  if (row === undefined) throw new Error('an aggregate query returned no row')
-  return cutPage(row.json ?? '[]', Number(row.n), limit, column)
+  const [column, direction] = SORT_COLUMNS[sort]
+  const trigrams = !pg && await fewTrigramCandidates(db, filter.q)
+  const rows = await pageQuery(db, filter, column, direction, limit, after, trigrams).execute()
+  return pageOf(rows, limit, column)
 }
-
-/** The page without the extra user read to know whether another page follows, and the keyset position after it. */
-function cutPage (json: PageText, n: number, limit: number, column: PageShape['column']): UserPageJson {
-  if (n <= limit) return { json, next: undefined }
-  // Each element starts with ELEMENT_START, which cannot occur inside one: quotes in strings are escaped.
-  // Both ends are found in the text as read: searching the cut text instead flattened it, a copy of the whole page.
-  const cut = json.lastIndexOf(ELEMENT_START)
-  const lastStart = json.lastIndexOf(ELEMENT_START, cut - 1)
-  const from = lastStart === -1 ? 1 : lastStart + 1
-  let trimmed: PageText
-  let lastText: string
-  if (typeof json === 'string') {
-    trimmed = json.slice(0, cut) + ']'
-    lastText = json.slice(from, cut)
-  } else {
-    // The blob is this read's own copy: the comma before the extra user becomes the closing bracket, nothing is copied.
-    lastText = json.toString('utf8', from, cut)
-    json[cut] = CLOSING_BRACKET
-    trimmed = json.subarray(0, cut + 1)
-  }
-  const last = JSON.parse(lastText) as { id: string, username: string, created_at: string, updated_at: string }
-  const key = column === 'username_key' ? last.username.toLowerCase() : last[column]
-  return { json: trimmed, next: [key, last.id] }
-}
-
-const ELEMENT_START = ',{"id":"'
-const CLOSING_BRACKET = 0x5d
 
 /**
  * A text that changes whenever a write that may change a users page has been
@@ -600,26 +502,15 @@ const CLOSING_BRACKET = 0x5d
  */
 export async function readChangeStamp (db: Db): Promise<string> {
   if (isPostgres(db)) {
-    const [row] = await executePrepared(db, 'change_stamp', () => db.selectNoFrom(
-      sql<string | null>`(select sum(n)::text || ':' || string_agg(xmin::text, ',' order by shard) from users_page_stamp)`.as('stamp')), {})
+    const row = await db.selectNoFrom(
+      sql<string | null>`(select sum(n)::text || ':' || string_agg(xmin::text, ',' order by shard) from users_page_stamp)`.as('stamp')).executeTakeFirst()
     if (row?.stamp == null) throw new Error('users_page_stamp is empty: migration 0019 makes its rows')
     return row.stamp
   }
-  const [row] = await executePrepared(db, 'change_stamp', () =>
-    db.selectNoFrom([sql<number>`total_changes()`.as('changes'), sql<number>`(select data_version from pragma_data_version())`.as('version')]), {})
+  const row = await db.selectNoFrom([sql<number>`total_changes()`.as('changes'), sql<number>`(select data_version from pragma_data_version())`.as('version')]).executeTakeFirst()
   if (row === undefined) throw new Error('a select without FROM returned no row')
   return `${row.changes}:${row.version}`
 }
-
-/** The User representation, field for field as the User schema orders it (users.schemas.ts); qualified, since a group's page joins the memberships, which carry created_at, updated_at and username_key too (migration 0018). */
-const USER_JSON_SQLITE = sql<string>`json_object(
-  'id', users.id, 'username', users.username, 'email', users.email, 'first_name', users.first_name, 'last_name', users.last_name,
-  'role', users.role, 'groups', json(users.groups), 'disabled', json(case when users.disabled then 'true' else 'false' end),
-  'password_sign_in', json(case when users.password_sign_in then 'true' else 'false' end),
-  'email_verified', json(case when users.email_verified then 'true' else 'false' end),
-  'invitation_pending', json(case when users.invitation_pending then 'true' else 'false' end),
-  'created_at', users.created_at, 'updated_at', users.updated_at, 'last_login_at', users.last_login_at,
-  'password_changed_at', users.password_changed_at)`
 
 /** The needle as one FTS5 phrase: every character literal, quotes doubled. */
 function ftsPhrase (value: string): string {
@@ -649,25 +540,16 @@ export async function clearSignInLock (db: Db, id: string): Promise<{ failed_log
   return before
 }
 
-type Defaulted = 'password_sign_in' | 'email_verified' | 'invitation_pending'
-
-/** A row not yet written may leave out the columns with defaults (`password_sign_in` true, the others false): those are what they will be. */
-export function toUser (row: Omit<PublicUserRow, Defaulted> & Partial<Pick<PublicUserRow, Defaulted>>): User {
-  return {
-    id: row.id,
-    username: row.username,
-    email: row.email,
-    first_name: row.first_name,
-    last_name: row.last_name,
-    role: row.role,
-    groups: toStringArray(row.groups),
-    disabled: toBool(row.disabled),
-    password_sign_in: toBool(row.password_sign_in ?? true),
-    email_verified: toBool(row.email_verified ?? false),
-    invitation_pending: toBool(row.invitation_pending ?? false),
-    created_at: toIso(row.created_at),
-    updated_at: toIso(row.updated_at),
-    last_login_at: toIso(row.last_login_at),
-    password_changed_at: toIso(row.password_changed_at)
+/**
+ * A row as the User (USER_COLUMNS). A row not yet written may leave out the
+ * columns with defaults: those are what they will be.
+ */
+export function toUser (row: Partial<Pick<UserRow, UserColumn>>): User {
+  const user: Record<string, unknown> = {}
+  for (const name of USER_FIELDS) {
+    const { column, read, unwritten } = USER_COLUMNS[name] as UserField<UserColumn, unknown>
+    const value = row[column]
+    user[name] = value === undefined ? unwritten : read(value as never)
   }
+  return user as User
 }

@@ -32,7 +32,7 @@ import {
   listUsersPage,
   revokeInvitation,
   passwordRuleErrors,
-  streamUsersJson,
+  streamUsers,
   unlockUser,
   updateUserById,
   type UsersDeps
@@ -49,7 +49,8 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
     db: app.db,
     passwords: app.passwords,
     passwordPolicy: passwordPolicyOf(app.config),
-    invitations: app.config
+    invitations: app.config,
+    pages: app.usersPages
   }
   const coerceForm = coerceFormFields(UserCreate)
   const UserRef = ref(User)
@@ -182,15 +183,16 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       config: { scope: 'users:read', legacy: family.legacy }
     }, async (request, reply) => {
       const { limit, cursor, sort = 'created_at', ...filter } = request.query
-      // The database renders users in the User shape (users.repository.ts), so
-      // the JSON text goes out as it is: a string with a JSON type is not serialized again.
-      reply.type('application/json; charset=utf-8')
       if (limit === undefined && cursor === undefined) {
-        return await reply.send(Readable.from(await streamUsersJson(deps, filter, sort)) as never)
+        // Each batch through the route's own serializer (the 200 schema, an array of User), its brackets left to the whole.
+        const serialize = reply.getSerializationFunction('200') as unknown as (users: unknown[]) => string
+        const batches = await streamUsers(deps, filter, sort)
+        reply.type('application/json; charset=utf-8')
+        return await reply.send(Readable.from(joinedArray(batches, serialize)) as never)
       }
       const page = await listUsersPage(deps, filter, sort, limit ?? 100, cursor)
       if (page.nextCursor !== undefined) setNextLink(request, reply, page.nextCursor)
-      return await reply.send(page.json as never)
+      return page.users
     })
 
     app.get(`${base}/:user_id`, {
@@ -245,4 +247,15 @@ export default async function usersRoutes (app: FastifyTypeBox): Promise<void> {
       return await reply.code(204).send(null)
     })
   }
+}
+
+/** One JSON array of every batch's elements, each batch serialized as an array of its own. */
+async function * joinedArray (batches: AsyncIterable<unknown[]>, serialize: (items: unknown[]) => string): AsyncGenerator<string> {
+  let separator = ''
+  yield '['
+  for await (const batch of batches) {
+    yield separator + serialize(batch).slice(1, -1)
+    separator = ','
+  }
+  yield ']'
 }

@@ -14,9 +14,8 @@ import {
   findSignInState,
   findTakenKeys,
   findUserById,
-  listUsersJson,
-  type PageText,
-  type UserPageJson,
+  listUsers,
+  type UserPage,
   readChangeStamp,
   type NewUserRow,
   type UserFilter,
@@ -37,6 +36,8 @@ export interface UsersDeps {
   passwordPolicy: PasswordPolicy
   /** What invitations need (their lifetime, where their links point); the doors that invite pass it. */
   invitations?: InvitationSettings
+  /** The instance's page cache (app.ts); without it every page is read from the database. */
+  pages?: PageCache
 }
 
 export type InvitationSettings = Pick<Config, 'invitationLifetimeMs'> & LinkConfig
@@ -179,85 +180,52 @@ export async function getUser (deps: Pick<UsersDeps, 'db'>, id: string): Promise
   return { user: toUser(row), version: row.version }
 }
 
-/** A page of users as a JSON array (rendered by the database), and the cursor of the next page if any. */
-export interface UsersPage { json: PageText, nextCursor: string | undefined }
-
-/** One page as JSON text, and the keyset position after it when more follow (rendered by the database, users.repository.ts). */
-async function pageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
-  return await listUsersJson(db, filter, sort, limit, after)
-}
-
-/** Rendered pages per database; 4 MiB of JSON at most (a page of 50 is about 16 KiB). */
-const pageCaches = new WeakMap<Db, PageCache>()
-const PAGE_CACHE_BYTES = 4 * 1024 * 1024
+/** A page of users, and the cursor of the next page if any. */
+export interface UsersPage { users: User[], nextCursor: string | undefined }
 
 /**
- * A page as pageJson renders it, served from the page cache while the
- * database's change stamp is the one it was rendered under (see page-cache.ts
+ * A page as listUsers reads it, served from the page cache while the
+ * database's change stamp is the one it was read under (see page-cache.ts
  * for why that is never staler than a fresh read, on either engine and across
  * instances).
  */
-async function cachedPageJson (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPageJson> {
-  let cache = pageCaches.get(db)
-  if (cache === undefined) {
-    cache = new PageCache(PAGE_CACHE_BYTES)
-    pageCaches.set(db, cache)
-  }
-  if (cache.resting()) return await pageJson(db, filter, sort, limit, after)
+async function cachedPage (db: Db, cache: PageCache | undefined, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPage> {
+  if (cache === undefined || cache.resting()) return await listUsers(db, filter, sort, limit, after)
   const stamp = await readChangeStamp(db)
   // Every input of the page, filters in name order whatever the order of the query string.
   const filters = Object.entries(filter).filter(([, value]) => value !== undefined).sort(([a], [b]) => a < b ? -1 : 1)
   const key = JSON.stringify([sort, limit, after, filters])
   const cached = cache.get(key, stamp)
   if (cached !== undefined) return cached
-  const page = await pageJson(db, filter, sort, limit, after)
+  const page = await listUsers(db, filter, sort, limit, after)
   cache.set(key, stamp, page)
   return page
-}
-
-/** How the page cache of this database has answered so far (the metrics plugin exports it). */
-export function pageCacheCounts (db: Db): { hit: number, miss: number, resting: number } {
-  return { ...(pageCaches.get(db)?.counts ?? { hit: 0, miss: 0, resting: 0 }) }
 }
 
 export async function listUsersPage (deps: UsersDeps, filter: UserFilter, sort: Sort, limit: number, cursor: string | undefined): Promise<UsersPage> {
   // Keyset position: [sort value, id]; username sorts by its case-folded text, the others by a timestamp.
   const after = cursor !== undefined ? decodeCursor(cursor, sort, [sort.endsWith('username') ? 'text' : 'timestamp', 'uuid']) as [string, string] : undefined
-  const page = await cachedPageJson(deps.db, filter, sort, limit, after)
-  return { json: page.json, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
-}
-
-/** The elements of a page's array without its brackets, as text or bytes like the page; undefined for an empty page. */
-function elementsOf (json: PageText): PageText | undefined {
-  if (json.length <= 2) return undefined
-  return typeof json === 'string' ? json.slice(1, -1) : json.subarray(1, -1)
+  const page = await cachedPage(deps.db, deps.pages, filter, sort, limit, after)
+  return { users: page.users, nextCursor: page.next !== undefined ? encodeCursor(sort, page.next) : undefined }
 }
 
 /**
- * Every matching user, as the JSON text of one array, a batch at a time.
- * Batches follow the same keyset as pages, so no database connection or lock
- * is held while a slow client reads, and memory stays at one batch however
- * many users exist. The first batch is read before the answer starts: a
- * database that is down then still gets a 503, not a 200 cut off mid-body
- * (with credentials cached, the database may not be asked before this).
+ * Every matching user, a batch at a time. Batches follow the same keyset as
+ * pages, so no database connection or lock is held while a slow client
+ * reads, and memory stays at one batch however many users exist. The first
+ * batch is read before this returns: a database that is down then still gets
+ * a 503, not a 200 cut off mid-body (with credentials cached, the database
+ * may not be asked before this).
  */
-export async function streamUsersJson (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): Promise<AsyncGenerator<PageText>> {
-  const first = await pageJson(deps.db, filter, sort, batchSize, undefined)
+export async function streamUsers (deps: UsersDeps, filter: UserFilter, sort: Sort, batchSize = 500): Promise<AsyncGenerator<User[]>> {
+  const first = await listUsers(deps.db, filter, sort, batchSize, undefined)
   return (async function * () {
     let page = first
-    let separator = ''
-    yield '['
     for (;;) {
-      const items = elementsOf(page.json)
-      if (items !== undefined) {
-        if (separator !== '') yield separator
-        yield items
-        separator = ','
-      }
-      if (page.next === undefined) break
-      page = await pageJson(deps.db, filter, sort, batchSize, page.next)
+      if (page.users.length > 0) yield page.users
+      if (page.next === undefined) return
+      page = await listUsers(deps.db, filter, sort, batchSize, page.next)
     }
-    yield ']'
   })()
 }
 

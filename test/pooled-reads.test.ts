@@ -3,7 +3,6 @@ import { randomBytes } from 'node:crypto'
 import { after, before, describe, it, type TestContext } from 'node:test'
 import type { LightMyRequestResponse } from 'fastify'
 import pg from 'pg'
-import { loadConfig } from '../src/config.ts'
 import { auth, createTestApp, dialects, uniqueName, type TestApp } from './helpers.ts'
 import { eventually } from './polling.ts'
 
@@ -11,8 +10,10 @@ const postgres = dialects().find(d => d.name === 'postgres')
 const PAGE = 10
 const USERS = 120
 
-/** The page statement as db/prepared.ts names it on PostgreSQL: what each read pipeline's backend last ran. */
-const PAGE_STATEMENT = '/* prepared */ select \'[\' || string_agg(%'
+/** The start of the page statement (users.repository.ts pageQuery) as Kysely writes it: what a backend that read a page last ran. */
+const PAGE_STATEMENT = 'select "users"."id", "users"."username", %'
+/** Connections of the app's pool in this file. */
+const POOL_SIZE = 2
 
 /** Every page of the list, walked one after another through the Link header: the reference the concurrent reads must match. */
 async function walk (t: TestApp): Promise<Array<{ url: string, body: string }>> {
@@ -53,19 +54,8 @@ async function pageBackends (applicationName: string): Promise<number[]> {
     'select pid from pg_stat_activity where application_name = $1 and query like $2', [applicationName, PAGE_STATEMENT])).rows.map(row => row.pid))
 }
 
-describe('DATABASE_READ_PIPELINES', () => {
-  it('defaults to 4, takes 0 (every read on a pooled connection) to 64, and refuses anything else', () => {
-    assert.equal(loadConfig({}).databaseReadPipelines, 4)
-    assert.equal(loadConfig({ DATABASE_READ_PIPELINES: '0' }).databaseReadPipelines, 0)
-    assert.equal(loadConfig({ DATABASE_READ_PIPELINES: '64' }).databaseReadPipelines, 64)
-    assert.throws(() => loadConfig({ DATABASE_READ_PIPELINES: '65' }), /DATABASE_READ_PIPELINES must be 0 \(none\) to 64/)
-    assert.throws(() => loadConfig({ DATABASE_READ_PIPELINES: '-1' }), /DATABASE_READ_PIPELINES/)
-    assert.throws(() => loadConfig({ DATABASE_POOL_SIZE: '0' }), /DATABASE_POOL_SIZE must be at least 1/)
-  })
-})
-
-describe('short reads pipelined on a few PostgreSQL connections', { skip: postgres === undefined ? 'TEST_DATABASE_URL is not set' : false }, () => {
-  const applicationName = `gh_pipelines_${randomBytes(4).toString('hex')}`
+describe('reads on the PostgreSQL pool', { skip: postgres === undefined ? 'TEST_DATABASE_URL is not set' : false }, () => {
+  const applicationName = `gh_pooled_${randomBytes(4).toString('hex')}`
   let t: TestApp
   let reference: Array<{ url: string, body: string }>
 
@@ -73,8 +63,8 @@ describe('short reads pipelined on a few PostgreSQL connections', { skip: postgr
     const url = new URL(postgres!.url!)
     url.searchParams.set('application_name', applicationName)
     // A short statement timeout for the lock below; the client's deadline a little beyond it, as by default.
-    t = await createTestApp(postgres!, { databaseUrl: url.toString(), databaseReadPipelines: 2, databaseStatementTimeoutMs: 400, databaseQueryTimeoutMs: 1400 })
-    const users = Array.from({ length: USERS }, () => ({ username: uniqueName('piped'), email: `${uniqueName('mail')}@example.com` }))
+    t = await createTestApp(postgres!, { databaseUrl: url.toString(), databasePoolSize: POOL_SIZE, databaseStatementTimeoutMs: 400, databaseQueryTimeoutMs: 1400 })
+    const users = Array.from({ length: USERS }, () => ({ username: uniqueName('pooled'), email: `${uniqueName('mail')}@example.com` }))
     const imported = await t.app.inject({ method: 'POST', url: '/auth/api/users/import', headers: auth(t.adminKey), payload: { users } })
     assert.equal(imported.statusCode, 200, imported.body)
     reference = await walk(t)
@@ -82,9 +72,9 @@ describe('short reads pipelined on a few PostgreSQL connections', { skip: postgr
   })
   after(async () => { await t?.app.close() })
 
-  it('answers every page of many concurrent requests with its own users, from no more backends than pipelines', async () => {
+  it('answers every page of many concurrent requests with its own users, from no more backends than the pool holds', async () => {
     await missPageCache(t)
-    // Twice each page at once, so that statements queue on both pipelines behind one another.
+    // Twice each page at once, so that requests wait for the pool's few connections.
     const requests = [...reference, ...reference]
     const answers = await Promise.all(requests.map(async ({ url }) => await t.app.inject({ url, headers: auth(t.adminKey) })))
     answers.forEach((res, i) => {
@@ -92,10 +82,10 @@ describe('short reads pipelined on a few PostgreSQL connections', { skip: postgr
       assert.equal(res.body, requests[i]!.body, `${requests[i]!.url} answered another page`)
     })
     const backends = await pageBackends(applicationName)
-    assert.ok(backends.length >= 1 && backends.length <= 2, `the page statement ran on ${backends.length} backends`)
+    assert.ok(backends.length >= 1 && backends.length <= POOL_SIZE, `the page statement ran on ${backends.length} backends`)
   })
 
-  it('replaces a pipelined connection whose backend is ended, and serves on without an error escaping', async (ctx: TestContext) => {
+  it('replaces a pooled connection whose backend is ended, and serves on without an error escaping', async (ctx: TestContext) => {
     const escaped: unknown[] = []
     const onEscape = (error: unknown): void => { escaped.push(error) }
     process.on('uncaughtException', onEscape)
@@ -106,7 +96,7 @@ describe('short reads pipelined on a few PostgreSQL connections', { skip: postgr
       const ended = await pageBackends(applicationName)
       assert.ok(ended.length > 0)
       await withClient(async client => { await client.query('select pg_terminate_backend(pid) from unnest($1::int[]) as pid', [ended]) })
-      // Requests sent before the connection's end is noticed may fail (503); the pipelines must then be opened again.
+      // Requests sent before the connection's end is noticed may fail (503); the pool must then open new connections.
       await missPageCache(t)
       const during = await Promise.all(reference.slice(0, 6).map(async ({ url }) => await t.app.inject({ url, headers: auth(t.adminKey) })))
       for (const res of during) assert.ok(res.statusCode === 200 || res.json().code === 'database_unavailable', res.body)
@@ -140,7 +130,7 @@ describe('short reads pipelined on a few PostgreSQL connections', { skip: postgr
         for (const { res, ms } of answers) {
           assert.equal(res.statusCode, 503, res.body)
           assert.equal(res.json().code, 'database_unavailable')
-          // Each waits at most its own client-side deadline, however many statements are ahead of it on its connection.
+          // Each waits at most its own deadline, however many requests are ahead of it for a connection.
           assert.ok(ms <= t.config.databaseQueryTimeoutMs + 700, `answered after ${Math.round(ms)} ms`)
         }
       } finally {
