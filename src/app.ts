@@ -85,6 +85,7 @@ import { randomSecret } from './lib/secrets.ts'
 import rateLimitPlugin from './system/rate-limit.plugin.ts'
 import idempotencyPlugin from './idempotency/idempotency.plugin.ts'
 import { purgeIdempotencyKeys } from './idempotency/idempotency.service.ts'
+import { registerTracing } from './telemetry/telemetry.ts'
 import scimRoutes, { canonicalScimUrl } from './scim/scim.routes.ts'
 import { SCIM_SCHEMAS, SCIM_SECURITY_SCHEME } from './scim/scim.schemas.ts'
 
@@ -191,6 +192,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 200 }
   }).withTypeProvider<TypeBoxTypeProvider>()
 
+  await registerTracing(app)
   app.decorate('stdoutLog', stdoutLog)
   // First of the stop: every request accepted is answered (503 once the stop has begun, Fastify's
   // return503OnClosing) before anything it may use is stopped; the database closes last of all, in onClose.

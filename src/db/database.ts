@@ -23,6 +23,7 @@ import { Sqlite } from './sqlite-binding.ts'
 import { checkpointInBackground } from './sqlite-checkpoint.ts'
 import { loadPg } from './pg-driver.ts'
 import { DatabaseConnectionError } from './connection-failure.ts'
+import { statementLog } from '../lib/tracing.ts'
 
 /** Timestamps are written as RFC 3339 strings; PostgreSQL hands back Date, SQLite the string. */
 type Timestamp = ColumnType<Date | string, string, string>
@@ -129,6 +130,9 @@ export interface EventsTable {
   request_id: string | null
   client_ip: string | null
   data: ColumnType<Record<string, unknown> | string, string, never>
+  /** The trace it was recorded in (migration 0027): null without tracing. */
+  trace_id: string | null
+  span_id: string | null
 }
 
 export interface SignInAddressesTable {
@@ -432,7 +436,8 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   if (config.databaseUrl.startsWith('sqlite:')) {
     const walLimitBytes = config.sqliteWalLimitMib !== undefined ? config.sqliteWalLimitMib * 1024 * 1024 : WAL_SIZE_LIMIT_BYTES
     return new Kysely<Database>({
-      dialect: new DirectSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0, walLimitBytes))
+      dialect: new DirectSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0, walLimitBytes)),
+      ...statementLog('sqlite')
     })
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
@@ -465,7 +470,7 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
   }
   const reads: DirectReads = { pool: undefined, pipelines: undefined }
   const pool = async (): Promise<PostgresPool> => (reads.pool = await openPool())
-  return new Kysely<Database>({ dialect: new DirectReadsDialect({ pool }, reads) })
+  return new Kysely<Database>({ dialect: new DirectReadsDialect({ pool }, reads), ...statementLog('postgresql') })
 }
 
 /** How long an unused connection is kept open, in the pool and among the read pipelines. */
