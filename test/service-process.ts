@@ -21,13 +21,13 @@ export function startService (env: Record<string, string>, options: { stdout?: (
   return child
 }
 
-/** Until `${base}/readyz` answers 200 (30 s at most). */
-export async function waitReady (base: string): Promise<void> {
+/** Until `${base}/readyz` answers 200 (30 s at most, or `timeoutMs`). */
+export async function waitReady (base: string, timeoutMs = 30_000): Promise<void> {
   await waitFor('the service to be ready', async () => {
     try {
       return (await fetch(`${base}/readyz`)).ok
     } catch {
       return false
     }
-  }, 30_000)
+  }, timeoutMs)
 }

@@ -117,7 +117,8 @@ for (const dialect of dialects()) {
         }
       })
       children.push(service)
-      await waitReady(base)
+      // Generous: a loaded machine has taken over 25 s to start the service under tsx.
+      await waitReady(base, 120_000)
       const headers = { 'x-api-key': adminKey, 'content-type': 'application/json' }
 
       const hook = await fetch(`${base}/api/webhooks`, { method: 'POST', headers, body: JSON.stringify({ url: hookUrl, event_types: ['user.created'] }) })

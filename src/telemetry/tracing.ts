@@ -36,6 +36,11 @@ async function exporterFor (warn: (message: string) => void): Promise<SpanExport
   return new (await import('@opentelemetry/exporter-trace-otlp-proto')).OTLPTraceExporter()
 }
 
+/** A statement's first word (`SELECT`, `INSERT`, `BEGIN`), past the comment db/prepared.ts marks its statements with. */
+function verbOf (text: string): string {
+  return /^\s*(?:\/\*.*?\*\/\s*)*([A-Za-z]+)/s.exec(text)?.[1]?.toUpperCase() ?? 'SQL'
+}
+
 const NO_SPAN: SpanHandle = { set: () => {}, fail: () => {} }
 
 function handleOf (span: Span): SpanHandle {
@@ -80,7 +85,7 @@ function tracingWith (tracer: ReturnType<typeof trace.getTracer>): Tracing {
       // A statement of no request or traced work (the background workers polling) would be a trace of one span each.
       if (trace.getSpan(context.active()) === undefined) return
       const text = event.query.sql
-      const span = tracer.startSpan(text.slice(0, text.search(/\s|$/)).toUpperCase(), {
+      const span = tracer.startSpan(verbOf(text), {
         kind: SpanKind.CLIENT,
         startTime: Date.now() - event.queryDurationMillis,
         attributes: { 'db.system.name': system, 'db.query.text': text }
