@@ -55,6 +55,8 @@ const EXTERNAL = [
   // Imported lazily, with import(), when a deployment first needs them: outside
   // the bundle, a start-up that does not need them neither loads nor compiles them.
   '@simplewebauthn/server', 'otplib', 'qrcode', 'openid-client', 'ldapts', 'nodemailer',
+  // Tracing (src/telemetry/tracing.ts), only with an OTLP endpoint configured.
+  '@opentelemetry/*', '@fastify/otel',
   // Resolved (not loaded) by OWN_DIRNAME's modules below, at run time.
   '@fastify/swagger-ui/package.json'
 ]

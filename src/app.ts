@@ -30,6 +30,7 @@ import { connectRedis } from './system/redis.ts'
 import retention from './system/retention.plugin.ts'
 import { serverOptions } from './system/server-options.ts'
 import { SHARED_SCHEMAS } from './system/shared-schemas.ts'
+import { registerTracing } from './telemetry/telemetry.ts'
 
 export interface BuildOptions {
   config: Config
@@ -61,6 +62,7 @@ export async function buildApp (options: BuildOptions): Promise<FastifyTypeBox> 
   const app = Fastify<RawServerDefault, RawRequestDefaultExpression, RawReplyDefaultExpression, FastifyBaseLogger>(
     serverOptions(config, options.logger, options.logStream ?? stdoutLog!)
   ).withTypeProvider<TypeBoxTypeProvider>()
+  await registerTracing(app)
   app.decorate('stdoutLog', stdoutLog)
 
   // First of the stop: every request accepted is answered (503 once the stop has begun) before

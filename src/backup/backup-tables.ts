@@ -228,7 +228,9 @@ export const BACKUP_TABLES: readonly BackupTable[] = [
       target_id: T,
       request_id: T,
       client_ip: T,
-      data: J
+      data: J,
+      trace_id: T,
+      span_id: T
     }
   },
   {

@@ -19,13 +19,15 @@ import { Sqlite } from './sqlite-binding.ts'
 import { checkpointInBackground } from './sqlite-checkpoint.ts'
 import { loadPg } from './pg-driver.ts'
 import { DatabaseConnectionError } from './connection-failure.ts'
+import { statementLog } from '../lib/tracing.ts'
 
 /** Without `sqliteMmapMib`, SQLite reads the file without a memory map (SQLite's own default). */
 export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' | 'databasePoolSize' | 'databaseStatementTimeoutMs' | 'databaseQueryTimeoutMs' | 'databaseAcquireTimeoutMs'> & Partial<Pick<Config, 'sqliteMmapMib' | 'sqliteWalLimitMib'>>): Db {
   if (config.databaseUrl.startsWith('sqlite:')) {
     const walLimitBytes = config.sqliteWalLimitMib !== undefined ? config.sqliteWalLimitMib * 1024 * 1024 : WAL_SIZE_LIMIT_BYTES
     return new Kysely<Database>({
-      dialect: new WalResettingSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0, walLimitBytes))
+      dialect: new WalResettingSqliteDialect(openSqlite(config.databaseUrl.slice('sqlite:'.length), config.databaseStatementTimeoutMs, config.sqliteMmapMib ?? 0, walLimitBytes)),
+      ...statementLog('sqlite')
     })
   }
   // Kysely calls this on the first query: pg is loaded then, so a SQLite deployment never loads it.
@@ -50,7 +52,7 @@ export function createDb (config: Pick<Config, 'databaseUrl' | 'databaseSchema' 
     pool.on('error', () => {})
     return discardingStalled(pool, config.databaseQueryTimeoutMs)
   }
-  return new Kysely<Database>({ dialect: new PostgresDialect({ pool: openPool }) })
+  return new Kysely<Database>({ dialect: new PostgresDialect({ pool: openPool }), ...statementLog('postgresql') })
 }
 
 /** How long an unused connection is kept open in the pool. */

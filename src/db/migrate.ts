@@ -26,6 +26,7 @@ import * as m0023 from './migrations/0023_user_json_column.ts'
 import * as m0024 from './migrations/0024_user_json_sqlite_column.ts'
 import * as m0025 from './migrations/0025_group_name_key.ts'
 import * as m0026 from './migrations/0026_login_throttle_windows.ts'
+import * as m0027 from './migrations/0027_event_trace.ts'
 
 /**
  * What a migration does to what the running release reads and writes. An
@@ -70,7 +71,8 @@ const migrations: Record<string, PhasedMigration> = {
   '0023_user_json_column': m0023,
   '0024_user_json_sqlite_column': m0024,
   '0025_group_name_key': m0025,
-  '0026_login_throttle_windows': m0026
+  '0026_login_throttle_windows': m0026,
+  '0027_event_trace': m0027
 }
 
 /** This release's migrations, oldest first. */

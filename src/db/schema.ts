@@ -105,6 +105,9 @@ export interface EventsTable {
   request_id: string | null
   client_ip: string | null
   data: ColumnType<Record<string, unknown> | string, string, never>
+  /** The trace it was recorded in (migration 0027): null without tracing. */
+  trace_id: string | null
+  span_id: string | null
 }
 
 export interface SignInAddressesTable {

@@ -2,6 +2,7 @@ import type { Selectable } from 'kysely'
 import type { Db, EventsTable } from '../db/database.ts'
 import type { RequestContext } from '../auth/principal.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { activeTrace } from '../lib/tracing.ts'
 import { queueNotices } from '../mail/mail.outbox.ts'
 import { queueDeliveries } from '../webhooks/webhooks.outbox.ts'
 import type { EventType, ListEventsQuery } from './events.schemas.ts'
@@ -17,6 +18,8 @@ export interface NewEventRow {
   request_id: string | null
   client_ip: string | null
   data: string
+  trace_id: string | null
+  span_id: string | null
 }
 
 export type EventRow = Selectable<EventsTable>
@@ -26,7 +29,7 @@ export async function findEventsByIds (db: Db, ids: string[]): Promise<EventRow[
   return await db.selectFrom('events').selectAll().where('id', 'in', ids).execute()
 }
 
-const EVENT_COLUMNS = ['id', 'type', 'occurred_at', 'actor_type', 'actor_id', 'target_type', 'target_id', 'request_id', 'client_ip', 'data'] as const
+const EVENT_COLUMNS = ['id', 'type', 'occurred_at', 'actor_type', 'actor_id', 'target_type', 'target_id', 'request_id', 'client_ip', 'data', 'trace_id', 'span_id'] as const
 
 export async function insertEvent (db: Db, event: NewEventRow): Promise<void> {
   await db.insertInto('events').values(Object.fromEntries(EVENT_COLUMNS.map(column => [column, event[column]])) as unknown as NewEventRow).execute()
@@ -95,6 +98,8 @@ export async function recordEvent (
 ): Promise<string> {
   const id = newId()
   const occurredAt = nowIso()
+  // The request's trace when traces are exported: the event names it, and its webhook deliveries continue it.
+  const trace = activeTrace()
   await insertEvent(trx, {
     id,
     type,
@@ -105,7 +110,9 @@ export async function recordEvent (
     target_id: target?.id ?? null,
     request_id: ctx.requestId,
     client_ip: ctx.clientIp,
-    data: JSON.stringify(data)
+    data: JSON.stringify(data),
+    trace_id: trace?.traceId ?? null,
+    span_id: trace?.spanId ?? null
   })
   // The webhook outbox, in the same transaction: one statement, whatever the number of endpoints.
   await queueDeliveries(trx, { id, type, at: occurredAt })

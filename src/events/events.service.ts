@@ -13,7 +13,8 @@ export function toEvent (row: EventRow): Event {
     target: row.target_type !== null && row.target_id !== null ? { type: row.target_type, id: row.target_id } : null,
     request_id: row.request_id,
     client_ip: row.client_ip,
-    data: typeof row.data === 'string' ? JSON.parse(row.data) as Record<string, unknown> : row.data
+    data: typeof row.data === 'string' ? JSON.parse(row.data) as Record<string, unknown> : row.data,
+    ...(row.trace_id !== null ? { trace_id: row.trace_id } : {})
   }
 }
 

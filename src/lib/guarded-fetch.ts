@@ -2,6 +2,7 @@ import http from 'node:http'
 import https from 'node:https'
 import { isIP } from 'node:net'
 import { guardedLookup, hostOf, isRefusedAddress, RefusedAddressError } from './ssrf-guard.ts'
+import { inSpan } from './tracing.ts'
 
 /** What an outgoing request may carry: the subset of fetch's options that openid-client uses. */
 export interface GuardedFetchOptions {
@@ -56,39 +57,50 @@ export function guardedFetch (allowPrivate: boolean): (url: string, options?: Gu
     options.signal?.throwIfAborted()
     const body = await bodyBytes(options.body)
     const client = url.protocol === 'https:' ? https : http
-    return await new Promise<Response>((resolve, reject) => {
-      const request = client.request(url, {
-        method: options.method ?? 'GET',
-        headers: { ...options.headers, ...(body !== undefined ? { 'content-length': String(body.length) } : {}) },
-        lookup,
-        agent: agents[url.protocol as 'http:' | 'https:'],
-        ...(options.signal !== undefined ? { signal: options.signal } : {})
-      }, (response) => {
-        const chunks: Buffer[] = []
-        let size = 0
-        response.on('data', (chunk: Buffer) => {
-          size += chunk.length
-          if (size > MAX_BODY_BYTES) {
-            request.destroy(new Error(`the answer from ${url.host} is larger than ${MAX_BODY_BYTES} bytes`))
-            return
-          }
-          chunks.push(chunk)
-        })
-        response.on('error', reject)
-        response.on('end', () => {
-          const headers = new Headers()
-          for (const [name, value] of Object.entries(response.headers)) {
-            if (value === undefined) continue
-            for (const one of Array.isArray(value) ? value : [value]) headers.append(name, one)
-          }
-          const status = response.statusCode ?? 502
-          // A Response cannot carry a body with these statuses.
-          const empty = status === 204 || status === 304 || (status >= 100 && status < 200)
-          resolve(new Response(empty ? null : Buffer.concat(chunks), { status, statusText: response.statusMessage ?? '', headers }))
-        })
-      })
-      request.on('error', reject)
-      request.end(body)
+    const method = options.method ?? 'GET'
+    // The query is left out of the span: an OpenID provider's URLs carry no secrets there, but what an administrator typed might.
+    return await inSpan(method, { client: true, attributes: { 'http.request.method': method, 'url.full': `${url.origin}${url.pathname}`, 'server.address': host } }, async (span, traceHeaders) => {
+      const response = await requestOnce(client, url, { ...options, method, headers: { ...options.headers, ...traceHeaders } }, body, lookup, agents)
+      span.set({ 'http.response.status_code': response.status })
+      return response
     })
   }
+}
+
+/** One request, connected through the guarded lookup, its whole answer read (up to MAX_BODY_BYTES). */
+function requestOnce (client: typeof http | typeof https, url: URL, options: GuardedFetchOptions & { method: string }, body: Buffer | undefined, lookup: ReturnType<typeof guardedLookup>, agents: { 'http:': http.Agent, 'https:': https.Agent }): Promise<Response> {
+  return new Promise<Response>((resolve, reject) => {
+    const request = client.request(url, {
+      method: options.method,
+      headers: { ...options.headers, ...(body !== undefined ? { 'content-length': String(body.length) } : {}) },
+      lookup,
+      agent: agents[url.protocol as 'http:' | 'https:'],
+      ...(options.signal !== undefined ? { signal: options.signal } : {})
+    }, (response) => {
+      const chunks: Buffer[] = []
+      let size = 0
+      response.on('data', (chunk: Buffer) => {
+        size += chunk.length
+        if (size > MAX_BODY_BYTES) {
+          request.destroy(new Error(`the answer from ${url.host} is larger than ${MAX_BODY_BYTES} bytes`))
+          return
+        }
+        chunks.push(chunk)
+      })
+      response.on('error', reject)
+      response.on('end', () => {
+        const headers = new Headers()
+        for (const [name, value] of Object.entries(response.headers)) {
+          if (value === undefined) continue
+          for (const one of Array.isArray(value) ? value : [value]) headers.append(name, one)
+        }
+        const status = response.statusCode ?? 502
+        // A Response cannot carry a body with these statuses.
+        const empty = status === 204 || status === 304 || (status >= 100 && status < 200)
+        resolve(new Response(empty ? null : Buffer.concat(chunks), { status, statusText: response.statusMessage ?? '', headers }))
+      })
+    })
+    request.on('error', reject)
+    request.end(body)
+  })
 }

@@ -7,6 +7,13 @@ import pLimit, { type LimitFunction } from 'p-limit'
 import type { Config } from '../config.ts'
 import { AppError } from '../errors.ts'
 import { HashWorkers } from './hash-workers.ts'
+import { inSpan } from './tracing.ts'
+
+/** The scheme a stored hash names, for its span: never anything of the hash itself. */
+function schemeOf (passwordHash: string): string {
+  const match = /^\$(argon2id|argon2i|argon2d|2[abxy]?|scrypt)\$/.exec(passwordHash)
+  return match === null ? 'unknown' : match[1]!.startsWith('2') ? 'bcrypt' : match[1]!
+}
 
 /**
  * argon2id hashing off the event loop, with a bound on how many run at once:
@@ -63,7 +70,9 @@ export class PasswordHasher {
   }
 
   async hash (password: string): Promise<string> {
-    return await this.#run(async () => this.#workers !== undefined ? await this.#workers.hash(password, this.#options) : await hash(password, this.#options))
+    // Traced with its wait for a free slot: the span is what the request spent on hashing.
+    return await inSpan('password.hash', { attributes: { 'password.scheme': 'argon2id' } }, async () =>
+      await this.#run(async () => this.#workers !== undefined ? await this.#workers.hash(password, this.#options) : await hash(password, this.#options)))
   }
 
   /**
@@ -73,6 +82,10 @@ export class PasswordHasher {
    * hashes over the import bounds are refused unverified, however they got into the table.
    */
   async verify (passwordHash: string, password: string): Promise<boolean> {
+    return await inSpan('password.verify', { attributes: { 'password.scheme': schemeOf(passwordHash) } }, async () => await this.#verify(passwordHash, password))
+  }
+
+  async #verify (passwordHash: string, password: string): Promise<boolean> {
     return await this.#run(async () => {
       try {
         if (passwordHash.startsWith('$argon2')) return this.#workers !== undefined ? await this.#workers.verify(passwordHash, password) : await verify(passwordHash, password)

@@ -12,6 +12,7 @@ import { PollingLoop } from '../lib/polling-loop.ts'
 import { claimMails, completeMail, deleteClaimedRequest, turnRequestIntoMail, type MailRow } from './mail.repository.ts'
 import { TemplateError, withReadableTimes, type MailTemplates } from './mail.templates.ts'
 import { SecretBoxError } from '../lib/secret-box.ts'
+import { inSpan } from '../lib/tracing.ts'
 
 export type MailWorkerSettings = Pick<Config,
   'smtpUrl' | 'smtpRequireTls' | 'mailFrom' | 'mailDkim' | 'mailTimeoutMs' | 'mailPollIntervalMs' | 'mailRetryBaseMs' |
@@ -99,13 +100,13 @@ export class MailTestError extends Error {}
  */
 export async function sendTestMessage (transport: Transporter<SMTPTransport.SentMessageInfo>, settings: MailWorkerSettings, to: string): Promise<string> {
   try {
-    const info = await transport.sendMail({
+    const info = await inSpan('smtp send', { client: true, attributes: { 'gatehouse.mail.template': 'test' } }, async () => await transport.sendMail({
       from: settings.mailFrom,
       to,
       subject: `${settings.productName}: test message`,
       text: `This is a test message from ${settings.productName} at ${publicBase(settings)}.\nIt arrived, so mail from this deployment reaches this address.\n`,
       signal: AbortSignal.timeout(sendDeadlineMsOf(settings))
-    })
+    }))
     return info.response
   } catch (caught) {
     throw new MailTestError(sendErrorOf(caught).message)
@@ -309,14 +310,14 @@ export class MailWorker {
           public_url: publicBase(this.#settings),
           account_url: publicLink(this.#settings, '/account')
         })
-        await this.#transport.sendMail({
+        await inSpan('smtp send', { client: true, attributes: { 'gatehouse.mail.template': mail.template } }, async () => await this.#transport.sendMail({
           from: this.#settings.mailFrom,
           to,
           subject: rendered.subject,
           text: rendered.text,
           html: rendered.html,
           signal: AbortSignal.any([AbortSignal.timeout(this.#sendDeadlineMs), this.#cut.signal])
-        })
+        }))
       } catch (caught) {
         error = caught instanceof SecretBoxError
           ? { message: `the payload does not open: ${caught.message}`, permanent: true }

@@ -6,6 +6,7 @@ import { recordEvent, REDACTED } from '../events/events.repository.ts'
 import { revokeKeysRecorded } from '../api-keys/api-keys.repository.ts'
 import { endSessionsRecorded } from '../sessions/sessions.repository.ts'
 import { newId, nowIso } from '../lib/ids.ts'
+import { activeTrace } from '../lib/tracing.ts'
 import { endLiveTokens } from '../tokens/tokens.repository.ts'
 import {
   deleteMemberships,
@@ -240,6 +241,7 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, given: 
   for (const { row } of given) assertMayChangeAccount(ctx, row)
   const rows = await withStoredGroupSpellings(trx, given)
   const now = nowIso()
+  const trace = activeTrace()
   await insertUsers(trx, rows.map(r => r.row))
   await insertEventRows(trx, rows.map(({ row, extra }) => ({
     id: newId(),
@@ -251,7 +253,9 @@ export async function createUsersRecorded (trx: Db, ctx: RequestContext, given: 
     target_id: row.id,
     request_id: ctx.requestId,
     client_ip: ctx.clientIp,
-    data: JSON.stringify(createdEventData(row, scimFieldsOf(row), row.password_hash !== null, extra ?? {}))
+    data: JSON.stringify(createdEventData(row, scimFieldsOf(row), row.password_hash !== null, extra ?? {})),
+    trace_id: trace?.traceId ?? null,
+    span_id: trace?.spanId ?? null
   })))
   // Their memberships: one `group.members_added` per group, listing every new member.
   const namesOf = new Map(rows.map(({ row }) => [row.id, toStringArray(row.groups)]))

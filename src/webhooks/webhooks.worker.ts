@@ -2,9 +2,10 @@ import { randomUUID } from 'node:crypto'
 import type { FastifyBaseLogger } from 'fastify'
 import type { Config } from '../config.ts'
 import type { Db } from '../db/database.ts'
-import { findEventsByIds } from '../events/events.repository.ts'
+import { findEventsByIds, type EventRow } from '../events/events.repository.ts'
 import { toEvent } from '../events/events.service.ts'
 import { newId } from '../lib/ids.ts'
+import { inSpan, type TraceIds } from '../lib/tracing.ts'
 import { onDeliveriesQueued } from './webhooks.outbox.ts'
 import {
   claimDeliveries,
@@ -116,7 +117,7 @@ export class WebhookWorker {
       findEventsByIds(this.#db, [...new Set(claimed.map(d => d.event_id))])
     ])
     const endpointById = new Map(endpoints.map(e => [e.id, e]))
-    const bodyById = new Map(events.map(e => [e.id, { body: JSON.stringify(toEvent(e)), occurredAt: new Date(e.occurred_at).getTime() }]))
+    const bodyById = new Map(events.map(e => [e.id, { body: JSON.stringify(toEvent(e)), occurredAt: new Date(e.occurred_at).getTime(), trace: traceOf(e) }]))
     await Promise.all(claimed.map(async delivery => {
       try {
         await this.#deliver(delivery, endpointById.get(delivery.endpoint_id), bodyById.get(delivery.event_id))
@@ -127,18 +128,26 @@ export class WebhookWorker {
     }))
   }
 
-  async #deliver (delivery: WebhookDeliveryRow, endpoint: WebhookEndpointRow | undefined, event: { body: string, occurredAt: number } | undefined): Promise<void> {
+  async #deliver (delivery: WebhookDeliveryRow, endpoint: WebhookEndpointRow | undefined, event: { body: string, occurredAt: number, trace: TraceIds | undefined } | undefined): Promise<void> {
     if (endpoint === undefined) return // deleted meanwhile; its deliveries went with it
     let result: SendResult
     const at = new Date()
     if (event === undefined) {
       result = { ok: false, statusCode: null, latencyMs: 0, error: 'the event is not in the event log' }
     } else {
-      result = await this.#sender.send(endpoint.url, {
-        'webhook-id': delivery.event_id,
-        'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
-        'webhook-signature': signatureHeader(signingSecrets(endpoint, at.getTime()), delivery.event_id, at, event.body)
-      }, event.body)
+      // A span in the trace of the request that recorded the event, and its `traceparent` on the request
+      // (Standard Webhooks signs the id, timestamp and body only, so the signature is unchanged).
+      result = await inSpan('POST', { client: true, parent: event.trace, attributes: { 'http.request.method': 'POST', 'gatehouse.webhook.endpoint_id': endpoint.id, 'gatehouse.event_id': delivery.event_id } }, async (span, traceHeaders) => {
+        const sent = await this.#sender.send(endpoint.url, {
+          ...traceHeaders,
+          'webhook-id': delivery.event_id,
+          'webhook-timestamp': String(Math.floor(at.getTime() / 1000)),
+          'webhook-signature': signatureHeader(signingSecrets(endpoint, at.getTime()), delivery.event_id, at, event.body)
+        }, event.body)
+        if (sent.statusCode !== null) span.set({ 'http.response.status_code': sent.statusCode })
+        if (!sent.ok) span.fail(sent.error ?? `HTTP ${sent.statusCode ?? ''}`)
+        return sent
+      })
     }
     const done = Date.now()
     const token = delivery.lock_token!
@@ -190,4 +199,8 @@ declare module 'fastify' {
   interface FastifyInstance {
     webhooks: WebhookWorker
   }
+}
+
+function traceOf (event: EventRow): TraceIds | undefined {
+  return event.trace_id !== null && event.span_id !== null ? { traceId: event.trace_id, spanId: event.span_id } : undefined
 }
