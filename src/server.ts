@@ -48,11 +48,6 @@ export async function startServer (): Promise<void> {
     }
     throw error
   }
-  if (embedded.generated === true) {
-    app.log.warn({ file: embedded.file }, `generated a key for authenticator apps (MFA_ENCRYPTION_KEY) into ${embedded.file}: keep it with the database, and back it up with it; docs/mfa.md says how to move to a key of your own`)
-  } else if (embedded.file !== undefined) {
-    app.log.info({ file: embedded.file }, `MFA_ENCRYPTION_KEY is the key in ${embedded.file}`)
-  }
   for (const warning of await unopenableWarnings(app.db, config.mfaKeyRing)) {
     app.log.error({ key_id: warning.keyId, count: warning.count }, warning.message)
   }
@@ -80,6 +75,12 @@ export async function startServer (): Promise<void> {
     process.exit(1)
   }
 
+  // Said once the port is bound, like the first key: a start that fails before says only why it failed.
+  if (embedded.generated === true) {
+    app.log.warn({ file: embedded.file }, `generated a key for authenticator apps (MFA_ENCRYPTION_KEY) into ${embedded.file}: keep it with the database, and back it up with it; docs/mfa.md says how to move to a key of your own`)
+  } else if (embedded.file !== undefined) {
+    app.log.info({ file: embedded.file }, `MFA_ENCRYPTION_KEY is the key in ${embedded.file}`)
+  }
   const generatedKey = await issueFirstAdminKey(app.db, config)
   if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
   app.log.info({ address, docs: `${base}/docs` }, 'gatehouse is serving')
