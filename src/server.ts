@@ -6,6 +6,8 @@ import { issueFirstAdminKey, registerConfiguredAdmins } from './bootstrap.ts'
 import { ConfigError, loadConfig, retiredSettingWarnings } from './config.ts'
 import { SchemaBehindError } from './db/migrate.ts'
 import { AppError } from './errors.ts'
+import { KeyFileError, withEmbeddedKey } from './key-ring/key-file.ts'
+import { unopenableWarnings } from './key-ring/key-ring.service.ts'
 
 /**
  * The process entry: config, bootstrap, listen, graceful shutdown. Run by
@@ -22,6 +24,17 @@ export async function startServer (): Promise<void> {
     }
     throw error
   }
+  let embedded
+  try {
+    embedded = withEmbeddedKey(config, { generate: true })
+  } catch (error) {
+    if (error instanceof KeyFileError) {
+      process.stderr.write(`gatehouse: ${error.message}\n`)
+      process.exit(2)
+    }
+    throw error
+  }
+  config = embedded.config
 
   let app
   try {
@@ -36,6 +49,9 @@ export async function startServer (): Promise<void> {
     throw error
   }
   for (const warning of retiredSettingWarnings(process.env)) app.log.warn(warning)
+  for (const warning of await unopenableWarnings(app.db, config.mfaKeyRing)) {
+    app.log.error({ key_id: warning.keyId, count: warning.count }, warning.message)
+  }
   try {
     await registerConfiguredAdmins(app.db, app.passwords, config, app.log)
   } catch (error) {
@@ -60,6 +76,12 @@ export async function startServer (): Promise<void> {
     process.exit(1)
   }
 
+  // Said once the port is bound, like the first key: a start that fails before says only why it failed.
+  if (embedded.generated === true) {
+    app.log.warn({ file: embedded.file }, `generated a key for authenticator apps (MFA_ENCRYPTION_KEY) into ${embedded.file}: keep it with the database, and back it up with it; docs/mfa.md says how to move to a key of your own`)
+  } else if (embedded.file !== undefined) {
+    app.log.info({ file: embedded.file }, `MFA_ENCRYPTION_KEY is the key in ${embedded.file}`)
+  }
   const generatedKey = await issueFirstAdminKey(app.db, config)
   if (generatedKey !== undefined) printGeneratedKey(generatedKey, base)
   app.log.info({ address, docs: `${base}/docs` }, 'gatehouse is serving')

@@ -1,5 +1,6 @@
 import type { Command } from 'commander'
 import { ApiClient } from './http.ts'
+import { registerKeyRing } from './key-ring.ts'
 import { cell, printJson, printLine, printTable, UsageError } from './output.ts'
 
 const SCOPES = ['admin', 'users:read', 'users:write', 'events:read', 'webhooks:manage', 'scim']
@@ -31,7 +32,12 @@ function showSecret (key: ApiKey, json: boolean | undefined): void {
 }
 
 export function registerKeys (program: Command): void {
-  const keys = program.command('keys').description('manage API keys through a running service (GATEHOUSE_URL, GATEHOUSE_API_KEY)')
+  const keys = program.command('keys')
+    .description('manage API keys through a running service (GATEHOUSE_URL, GATEHOUSE_API_KEY); status and re-encrypt: the MFA_ENCRYPTION_KEY ring, in the database directly (DATABASE_URL)')
+    .addHelpText('after', `
+create, list, rotate and revoke are API keys, and go through the running service (GATEHOUSE_URL, GATEHOUSE_API_KEY).
+status and re-encrypt are the encryption keys of MFA_ENCRYPTION_KEY: they need no running service and
+work on the database of DATABASE_URL directly, as migrate and backup do (docs/operations.md#key-rotation).`)
 
   keys.command('create')
     .description('create an API key; its secret is printed once')
@@ -81,4 +87,6 @@ export function registerKeys (program: Command): void {
     .action(async (id: string, options: { json?: boolean }) => {
       showSecret((await ApiClient.fromEnv().request<ApiKey>('POST', `/api/api-keys/${encodeURIComponent(id)}/rotate`)).body, options.json)
     })
+
+  registerKeyRing(keys)
 }

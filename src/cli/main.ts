@@ -24,9 +24,11 @@ export function buildProgram (): Command {
     .version(RELEASE, '-V, --version', 'print the release of this gatehouse')
     .addHelpText('after', `
 Environment:
-  GATEHOUSE_URL         the running service, for users, groups, keys and webhooks (default ${DEFAULT_URL})
+  GATEHOUSE_URL         the running service, for users, groups, API keys and webhooks (default ${DEFAULT_URL})
   GATEHOUSE_API_KEY     an admin API key, sent as X-API-Key (never on the command line)
-  DATABASE_URL          the service's own database, for serve, migrate, admin create, backup and restore
+  DATABASE_URL          the service's own database, for serve, migrate, admin create, backup, restore,
+                        keys status and keys re-encrypt
+  MFA_ENCRYPTION_KEY    the key ring, for keys status and keys re-encrypt (and serve)
   SERVICE_DATABASE_URL  the PostgreSQL database of db-user and --db-user
   SMTP_URL, MAIL_FROM   outgoing mail, for mail test (and serve)
   COLUMNS               the width tables fit (default: the terminal's; piped, as wide as the values)

@@ -84,7 +84,7 @@ export interface MailPayload {
 }
 
 /** The context a payload is sealed for: its own row, so a payload copied onto another message does not open. */
-const contextOf = (id: string): string => `mail:${id}`
+export const contextOf = (id: string): string => `mail:${id}`
 
 /**
  * Opens a payload with whichever of `keys` sealed it (the key id is part of
