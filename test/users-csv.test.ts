@@ -118,6 +118,57 @@ for (const dialect of dialects()) {
       }
     })
 
+    it('the console\'s Export CSV sends the list\'s users with its filters, as the CLI writes them, to admins only', async () => {
+      const group = uniqueName('con')
+      const admin = await createUser(source, { username: uniqueName('conadmin'), password: GOOD_PASSWORD, role: 'admin' })
+      const plain = await createUser(source, { username: uniqueName('conuser'), password: GOOD_PASSWORD })
+      const cookieOf = async (username: string): Promise<string> => {
+        const res = await source.app.inject({ method: 'POST', url: '/auth/api/login', payload: { username, password: GOOD_PASSWORD } })
+        assert.equal(res.statusCode, 200, res.body)
+        return `gatehouse_session=${(res.json() as { token: string }).token}`
+      }
+      const adminCookie = await cookieOf(admin.username)
+      const stem = uniqueName('con')
+      await createUser(source, { username: `${stem}.on`, first_name: '=cmd|calc', groups: [group] })
+      await createUser(source, { username: `${stem}.off`, groups: [group], disabled: true })
+      await createUser(source, { username: `${stem}.other`, groups: [group], role: 'admin' })
+
+      const list = await source.app.inject({ url: `/auth/admin/users?group=${group}&disabled=false&role=user&sort=-username`, headers: { cookie: adminCookie } })
+      assert.equal(list.statusCode, 200)
+      const link = /<a class="button secondary" href="([^"]+)" download>Export CSV<span class="visually-hidden"> of the users matching the filters<\/span><\/a>/.exec(list.body)
+      assert.ok(link, 'the list offers Export CSV with its filters')
+      const href = link[1]!.replaceAll('&#38;', '&')
+      assert.equal(href, `/auth/admin/users/export?role=user&group=${group}&disabled=false&sort=-username`)
+
+      const res = await source.app.inject({ url: href, headers: { cookie: adminCookie } })
+      assert.equal(res.statusCode, 200, res.body)
+      assert.equal(res.headers['content-type'], 'text/csv; charset=utf-8')
+      assert.match(String(res.headers['content-disposition']), /^attachment; filename="gatehouse-users-\d{4}-\d{2}-\d{2}\.csv"$/)
+      assert.equal(res.headers['cache-control'], 'no-store')
+      assert.ok(res.body.startsWith('\uFEFFid,username,'), 'a BOM, then the header')
+      const rows = parse(res.body, { bom: true, columns: true }) as Array<Record<string, string>>
+      assert.deepEqual(rows.map(r => r.username), [`${stem}.on`], 'only the enabled plain users of the group')
+      assert.equal(rows[0]!.first_name, "'=cmd|calc")
+
+      // Byte for byte what the CLI writes for the same filters.
+      const cli = await runCli(['users', 'export', '--format', 'csv', '--group', group, '--role', 'user', '--enabled', '--sort', '-username'], { env })
+      assert.equal(res.body, `\uFEFF${cli.stdout}`)
+      const unfiltered = await source.app.inject({ url: `/auth/admin/users/export?group=${group}`, headers: { cookie: adminCookie } })
+      assert.equal((parse(unfiltered.body, { bom: true, columns: true }) as unknown[]).length, 3)
+
+      const refused = await source.app.inject({ url: href, headers: { cookie: await cookieOf(plain.username) } })
+      assert.equal(refused.statusCode, 403)
+      assert.match(String(refused.headers['content-type']), /^text\/html/)
+      assert.doesNotMatch(refused.body, new RegExp(stem), 'no user data on the refusal')
+      const anonymous = await source.app.inject({ url: href })
+      assert.equal(anonymous.statusCode, 303)
+      const wrong = await source.app.inject({ url: '/auth/admin/users/export?role=boss', headers: { cookie: adminCookie } })
+      assert.equal(wrong.statusCode, 422)
+      assert.match(String(wrong.headers['content-type']), /^text\/html/)
+      const doc = (await source.app.inject({ url: '/auth/openapi.json' })).json() as { paths: Record<string, unknown> }
+      assert.ok(!Object.keys(doc.paths).some(p => p.includes('/admin')), 'a console route, not part of the API document')
+    })
+
     it('users import reads ;- and tab-separated files and a UTF-8 BOM, as spreadsheets save them', async () => {
       const [semi, tab] = [uniqueName('semi'), uniqueName('tab')]
       const semiFile = join(tmp, `${semi}.csv`)
