@@ -59,6 +59,7 @@ import { prepareCode } from './tokens/token-codes.ts'
 import systemRoutes, { RELEASE } from './system/system.routes.ts'
 import { LICENSE } from './system/release.ts'
 import metricsPlugin from './system/metrics.plugin.ts'
+import { DOCS_THEME } from './system/docs-theme.ts'
 import { LogDestination } from './system/log-destination.ts'
 import { ACCESS_MESSAGE, accessLine, loggerOptions } from './system/access-log.ts'
 import { LoginBody, PasswordChange, Session, SessionsEnded, SessionSummary } from './sessions/sessions.schemas.ts'
@@ -513,7 +514,10 @@ async function registerDocs (app: FastifyTypeBox, config: Config): Promise<void>
   })
   await app.register(swaggerUi, {
     routePrefix: `${config.basePath}/docs`,
-    uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false },
+    // BaseLayout: without the standalone top bar, whose logo, document-URL box (which the CSP below would refuse
+    // anyway) and dark-mode switch have no text alternative or label (docs/api.md, "Accessibility of /auth/docs").
+    uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false, layout: 'BaseLayout' },
+    theme: DOCS_THEME,
     staticCSP: true,
     // For browsers that do not read frame-ancestors (below).
     uiHooks: { onRequest: (_request, reply, done) => { reply.header('X-Frame-Options', 'DENY'); done() } },
