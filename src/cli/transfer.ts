@@ -2,18 +2,22 @@ import { createWriteStream } from 'node:fs'
 import { open } from 'node:fs/promises'
 import { once } from 'node:events'
 import { createInterface } from 'node:readline'
-import { pipeline, type Readable, type Writable } from 'node:stream'
+import { pipeline, Readable, type Writable } from 'node:stream'
 import type { Command } from 'commander'
 import { parse } from 'csv-parse'
 import pLimit from 'p-limit'
 import { isPrototypeName, prototypeNameIn } from '../lib/object-keys.ts'
 import { checkImportedHash } from '../lib/passwords.ts'
+import { delimiterOf, unguardCell, userCsvHeader, userCsvLine, type CsvDelimiter } from '../lib/users-csv.ts'
 import { ApiClient, ApiError } from './http.ts'
 import { CliError, printJson, printLine, UsageError } from './output.ts'
 import { addFilterOptions, filterQuery, type FilterOptions } from './filters.ts'
 
-/** Fields of an exported user that the server assigns: skipped on import, so an export imports again. */
-const SERVER_FIELDS = new Set(['id', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at'])
+/**
+ * Fields of an exported user that the server assigns or decides (a confirmed
+ * address, a pending invitation): skipped on import, so an export imports again.
+ */
+const SERVER_FIELDS = new Set(['id', 'created_at', 'updated_at', 'last_login_at', 'password_changed_at', 'email_verified', 'invitation_pending'])
 const IN_FLIGHT = 8
 
 export interface ImportRow {
@@ -66,38 +70,80 @@ async function * jsonLines (input: Readable): AsyncGenerator<{ line: number, rec
   }
 }
 
+/**
+ * The input with its first line read ahead (to judge the delimiter from the
+ * header), and a stream that still yields every byte, that line included.
+ */
+async function withFirstLine (input: Readable): Promise<{ firstLine: string, rest: Readable }> {
+  const chunks = input[Symbol.asyncIterator]() as AsyncIterator<Buffer | string>
+  const head: Buffer[] = []
+  let ended = false
+  while (!head.some(c => c.includes(0x0a))) {
+    const next = await chunks.next()
+    if (next.done === true) { ended = true; break }
+    head.push(Buffer.from(next.value))
+  }
+  const text = Buffer.concat(head).toString('utf8').replace(/^\uFEFF/, '')
+  const firstLine = text.split(/\r?\n/, 1)[0] ?? ''
+  const rest = Readable.from((async function * () {
+    yield * head
+    if (ended) return
+    for (let next = await chunks.next(); next.done !== true; next = await chunks.next()) yield next.value
+  })(), { objectMode: false })
+  return { firstLine, rest }
+}
+
+/** A header's columns as the error shows them: each quoted, at most ten, each at most 40 characters. */
+function columnsRead (names: string[], delimiter: CsvDelimiter): string {
+  const shown = names.slice(0, 10).map(n => JSON.stringify(n.length > 40 ? `${n.slice(0, 40)}…` : n))
+  const more = names.length > 10 ? ` and ${names.length - 10} more` : ''
+  const separator = delimiter === '\t' ? 'tabs' : `"${delimiter}"`
+  return names.length === 1 ? `the one column ${shown[0]!} (looking for ",", ";" or tab between columns)` : `the columns ${shown.join(', ')}${more} (separated by ${separator})`
+}
+
 async function * csvRows (input: Readable): AsyncGenerator<{ line: number, record: unknown, error?: string }> {
+  const { firstLine, rest } = await withFirstLine(input)
+  const delimiter = delimiterOf(firstLine)
   const parser = parse({
     bom: true,
+    delimiter,
     skip_empty_lines: true,
     info: true,
     relax_column_count: false,
     columns: (header: string[]) => {
       const names = header.map(h => h.trim())
-      if (!names.includes('username')) throw new UsageError('the CSV header has no username column')
+      if (!names.includes('username')) throw new UsageError(`the CSV header has no username column: it read ${columnsRead(names, delimiter)}`)
       const forbidden = names.find(isPrototypeName)
       if (forbidden !== undefined) throw new UsageError(`the CSV header names a column "${forbidden}", which no user field is`)
       return names
     }
   })
   // pipeline, not pipe: a read error mid-file must reach the loop below, not crash the process.
-  pipeline(input, parser, () => {})
+  pipeline(rest, parser, () => {})
   for await (const { record, info } of parser as AsyncIterable<{ record: Record<string, string>, info: { lines: number } }>) {
     yield { line: info.lines, record: fromCsv(record) }
   }
 }
 
-/** CSV cells are text: an empty cell is an absent field, groups are a JSON array or `;`-separated, disabled a boolean word. */
+const BOOLEAN_COLUMNS = new Set(['disabled', 'password_sign_in', 'email_verified', 'invitation_pending'])
+
+/**
+ * CSV cells are text: an empty cell is an absent field, groups are a JSON
+ * array or `;`-separated, the yes/no fields a boolean word. The apostrophe
+ * the export puts before a cell a spreadsheet would run as a formula is taken
+ * off first (lib/users-csv.ts).
+ */
 function fromCsv (record: Record<string, string>): Record<string, unknown> {
   const out: Record<string, unknown> = {}
-  for (const [key, value] of Object.entries(record)) {
-    if (value === '') continue
+  for (const [key, cell] of Object.entries(record)) {
+    if (cell === '') continue
+    const value = unguardCell(cell)
     if (key === 'groups') {
       if (value.trim().startsWith('[')) {
         try { out.groups = JSON.parse(value) } catch { out.groups = value }
       } else out.groups = value.split(';').map(g => g.trim()).filter(g => g !== '')
-    } else if (key === 'disabled') {
-      out.disabled = /^(true|1|yes)$/i.test(value) ? true : /^(false|0|no)$/i.test(value) ? false : value
+    } else if (BOOLEAN_COLUMNS.has(key)) {
+      out[key] = /^(true|1|yes)$/i.test(value) ? true : /^(false|0|no)$/i.test(value) ? false : value
     } else out[key] = value
   }
   return out
@@ -249,21 +295,32 @@ function importLine (done: number, total: number, startedAt: number): string {
   return `importing [${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${done}/${total} rows, ${rate} rows/s, ${Math.floor(seconds)} s`
 }
 
-async function writeLine (out: Writable, text: string): Promise<void> {
-  if (!out.write(text + '\n')) await once(out, 'drain')
+async function writeText (out: Writable, text: string): Promise<void> {
+  if (!out.write(text)) await once(out, 'drain')
+}
+
+function exportFormatOf (output: string | undefined, given: string | undefined): 'csv' | 'jsonl' {
+  if (given !== undefined) {
+    if (given !== 'csv' && given !== 'jsonl') throw new UsageError('--format takes csv or jsonl')
+    return given
+  }
+  return output !== undefined && /\.csv$/i.test(output) ? 'csv' : 'jsonl'
 }
 
 export function registerTransfer (users: Command): void {
-  addFilterOptions(users.command('export').description('write users as JSON Lines (one user per line), read a page at a time'))
+  addFilterOptions(users.command('export').description('write users as JSON Lines (one user per line) or CSV, read a page at a time; both import again'))
+    .option('--format <format>', 'jsonl or csv (default: csv for an --output file ending in .csv, else jsonl)')
     .option('--output <file>', 'write to this file instead of standard output')
-    .action(async (options: FilterOptions & { output?: string }) => {
+    .action(async (options: FilterOptions & { output?: string, format?: string }) => {
+      const format = exportFormatOf(options.output, options.format)
       const client = ApiClient.fromEnv()
       const query = filterQuery(options)
       const out: Writable = options.output !== undefined ? createWriteStream(options.output, { flags: 'wx', mode: 0o600 }) : process.stdout
       if (options.output !== undefined) await once(out, 'open').catch((error: Error) => { throw new CliError(`cannot write ${options.output}: ${error.message}`) })
       let count = 0
+      if (format === 'csv') await writeText(out, userCsvHeader())
       for await (const page of client.users(query)) {
-        for (const user of page) await writeLine(out, JSON.stringify(user))
+        for (const user of page) await writeText(out, format === 'csv' ? userCsvLine(user) : JSON.stringify(user) + '\n')
         count += page.length
         if (options.output !== undefined && process.stderr.isTTY === true) process.stderr.write(`\rexported ${count} users`)
       }

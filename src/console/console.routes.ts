@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs'
+import { Readable } from 'node:stream'
 import type { FastifyReply, FastifyRequest } from 'fastify'
 import type { FastifyTypeBox } from '../lib/http.ts'
 import { assertSameOrigin, requestContext, sessionCookieOf } from '../auth/auth.plugin.ts'
@@ -9,6 +10,7 @@ import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
 import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
 import { sendHtmlPage } from '../lib/html.ts'
+import { userCsvHeader, userCsvLine } from '../lib/users-csv.ts'
 import { issuePasswordReset } from '../password-resets/password-resets.service.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
 import { sameOriginRedirect } from '../lib/redirect.ts'
@@ -106,6 +108,8 @@ const CSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 's
 
 const FORM = ['application/x-www-form-urlencoded']
 const PAGE_SIZE = 50
+/** Users read per query by Export CSV: the list operation's largest page. */
+const EXPORT_PAGE_SIZE = 1000
 const USER_EVENTS = 20
 /** Rows of each list on an endpoint's page. */
 const WEBHOOK_ROWS = 20
@@ -265,6 +269,32 @@ export default async function consoleRoutes (app: FastifyTypeBox, sessions: Sess
     const q = request.query as Record<string, unknown>
     const notice = q.done === 'deleted' && typeof q.username === 'string' ? deletedNotice(viewOf(request), q.username) : undefined
     return sendPage(reply, 200, usersPage(viewOf(request, notice), { users: page.users, query, nextCursor: page.nextCursor }))
+  })
+
+  /**
+   * The users the list shows, with its filters and order, every page of them,
+   * as the CSV that `gatehouse users import` reads (lib/users-csv.ts). The
+   * first page is read before the answer starts, so a database that is down
+   * gets the error page rather than a cut-off file; a BOM leads, so that a
+   * spreadsheet opened on it reads UTF-8.
+   */
+  app.get('/admin/users/export', { schema: hidden }, async (request, reply) => {
+    const query = parseUsersQuery(request.query)
+    const filter = { q: query.q, role: query.role, group: query.group, disabled: query.disabled }
+    const sort = query.sort ?? 'created_at'
+    const first = await listUsersPage(deps, filter, sort, EXPORT_PAGE_SIZE, undefined)
+    async function * csv (): AsyncGenerator<string> {
+      yield '\uFEFF' + userCsvHeader()
+      for (let page = first; ; page = await listUsersPage(deps, filter, sort, EXPORT_PAGE_SIZE, page.nextCursor)) {
+        yield page.users.map(userCsvLine).join('')
+        if (page.nextCursor === undefined) break
+      }
+    }
+    const day = new Date().toISOString().slice(0, 10)
+    return await reply.type('text/csv; charset=utf-8')
+      .header('Content-Disposition', `attachment; filename="gatehouse-users-${day}.csv"`)
+      .header('Cache-Control', 'no-store')
+      .send(Readable.from(csv()))
   })
 
   app.get('/admin/users/new', { schema: hidden }, async (request, reply) => {

@@ -168,7 +168,8 @@ export function usersPage (ctx: ViewContext, view: UsersListView): string {
 <td data-label="Created">${date(user.created_at)}</td>
 <td data-label="ID" class="id">${user.id}</td>
 </tr>`)
-  const body = html`<div class="actions"><h1>Users</h1><a class="button" href="${list}/new">Create user</a></div>
+  const body = html`<div class="actions"><h1>Users</h1><a class="button" href="${list}/new">Create user</a>
+<a class="button secondary" href="${list}/export${queryOf(filters)}" download>Export CSV${filtered ? html`<span class="visually-hidden"> of the users matching the filters</span>` : ''}</a></div>
 <form class="panel filters" method="get" action="${list}" role="search" aria-label="Find users">
 <div class="field wide"><label for="q">Search</label><input id="q" name="q" type="search" value="${q.q ?? ''}" aria-describedby="q-hint"><p class="hint" id="q-hint">Part of a username, email, first or last name; case does not matter.</p></div>
 <div class="field"><label for="f-role">Role</label><select id="f-role" name="role">${options([['', 'Any'], ['admin', 'admin'], ['user', 'user']], q.role ?? '')}</select></div>

@@ -4,6 +4,7 @@ import type { Config } from '../config.ts'
 import type { FastifyTypeBox } from '../lib/http.ts'
 import { finishDocument, operationTransform } from '../lib/openapi.ts'
 import { SCIM_SECURITY_SCHEME } from '../scim/scim.schemas.ts'
+import { DOCS_THEME } from './docs-theme.ts'
 import { LICENSE } from './release.ts'
 import { RELEASE } from './system.routes.ts'
 
@@ -60,7 +61,10 @@ export async function registerDocs (app: FastifyTypeBox, config: Config): Promis
   })
   await app.register(swaggerUi, {
     routePrefix: `${config.basePath}/docs`,
-    uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false },
+    // BaseLayout: without the standalone top bar, whose logo, document-URL box (which the CSP below would refuse
+    // anyway) and dark-mode switch have no text alternative or label (docs/api.md, "Accessibility of /auth/docs").
+    uiConfig: { deepLinking: true, persistAuthorization: false, displayRequestDuration: true, tryItOutEnabled: false, layout: 'BaseLayout' },
+    theme: DOCS_THEME,
     staticCSP: true,
     // For browsers that do not read frame-ancestors (below).
     uiHooks: { onRequest: async (_request, reply) => { reply.header('X-Frame-Options', 'DENY') } },
