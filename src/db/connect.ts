@@ -211,7 +211,7 @@ function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number, walLi
   // 0024) then holds twice as many users a page, and an uncached page of 50 visits half as many b-tree pages. At
   // 100,000 users the server's CPU per uncached page was 0.88 to 0.95 of what it was with 4 KiB (eight interleaved
   // rounds, the builds in both places; the statement alone 24.3 to 25.0 µs against 31.0 to 33.8, and 25.4 to 25.9
-  // with 16 KiB). An event's insert costs 3 to 5 µs more, a user's lookup or update the same (bench/README.md,
+  // with 16 KiB). An event's insert costs 3 to 5 µs more, a user's lookup or update the same (bench/README.md before 2 December 2026 (git history),
   // "Issue 20: 8 KiB pages and SQLite's reads"). The size is fixed when the first table is made: an existing file
   // keeps its own (docs/configuration.md says how to convert one).
   raw.pragma('page_size = 8192')
@@ -222,7 +222,7 @@ function openSqlite (path: string, busyTimeoutMs: number, mmapMib: number, walLi
   // SQLite's page cache by a read(2) each: an uncached users page (51 users,
   // about ten pages of an index) cost the server 0.916 of its CPU per response
   // with 256 MiB mapped (median of eight interleaved rounds at 100,000 users,
-  // a 190 MiB file; bench/README.md, "Issue 20: the access line and the memory
+  // a 190 MiB file; bench/README.md before 2 December 2026 (git history), "Issue 20: the access line and the memory
   // map"). Writes still go through write(2): SQLite never writes through the map.
   if (file !== ':memory:' && mmapMib > 0) raw.pragma(`mmap_size = ${mmapMib * 1024 * 1024}`)
   // SQLite never shrinks the WAL file of its own accord: after a write of more than this (an import, an upgrade's

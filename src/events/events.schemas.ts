@@ -37,7 +37,7 @@ export const Event = Type.Object({
   request_id: Nullable(Type.String({ maxLength: 64, pattern: REQUEST_ID_PATTERN })),
   client_ip: Nullable(Type.String({ description: 'The client address as the service saw it (through a trusted proxy: as the proxy reported it).' })),
   data: Type.Record(Type.String(), Type.Unknown(), { description: 'The changed fields; secrets appear only as "[redacted]".' }),
-  trace_id: Type.Optional(Type.String({ pattern: '^[0-9a-f]{32}$', description: 'The W3C trace id of the request that recorded it, when this deployment exports traces (docs/operations.md#traces); absent otherwise.' }))
+  trace_id: Type.Optional(Type.String({ minLength: 32, maxLength: 32, pattern: '^[0-9a-f]{32}$', description: 'The W3C trace id of the request that recorded it, when this deployment exports traces (docs/operations.md#traces); absent otherwise.' }))
 }, { $id: 'Event', additionalProperties: false })
 export type Event = Static<typeof Event>
 

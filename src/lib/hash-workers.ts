@@ -77,7 +77,7 @@ export class HashWorkers {
    * V8 isolate of its own, ~10 MiB of resident memory (idle RSS right after
    * start, SQLite, HASH_NICE=19, 3 interleaved starts: 109.1 to 109.7 MiB
    * started eagerly, 99.2 to 99.5 without workers; the command is in
-   * bench/README.md, "Issue 20: the storm, fourth pass"), and the idle
+   * bench/README.md before 2 December 2026 (git history), "Issue 20: the storm, fourth pass"), and the idle
    * server is guarded under 100 MiB.
    */
   #start (): Promise<boolean> {

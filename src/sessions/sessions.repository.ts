@@ -185,7 +185,7 @@ export async function recordSignInOnUser (db: Db, userId: string, at: string, ch
  * session inserted in the same statement, so a user deleted meanwhile fails
  * the session's foreign key and the transaction as before. Measured: the
  * main thread per sign-in, storm alone, 5 interleaved pairs at load 9 to 10,
- * median 4.67 ms before and 3.94 ms after (bench/README.md, "Issue 20: the
+ * median 4.67 ms before and 3.94 ms after (bench/README.md before 2 December 2026 (git history), "Issue 20: the
  * storm, fourth pass", with the command).
  */
 export async function recordSignInWithSession (

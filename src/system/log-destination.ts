@@ -68,7 +68,7 @@ export class LogDestination {
    * Each write goes through libuv's thread pool, waking a thread and then the
    * event loop: at 4 KiB a write, the request log cost the uncached users page
    * 6% more CPU per request than at 32 KiB (median of eight interleaved rounds;
-   * bench/README.md, "Issue 20: the floor, the log line and the rate limits").
+   * bench/README.md before 2 December 2026 (git history), "Issue 20: the floor, the log line and the rate limits").
    * A busy server's lines are then some 10 ms later, an idle one's at most
    * periodicFlush as before.
    */

@@ -318,7 +318,7 @@ async function fewTrigramCandidates (db: Db, q: string | undefined): Promise<boo
  * the page's 51 rows now). Single requests of `q=er0012` at 1,000,000 users,
  * the two builds alternating on one seeded schema, 200 each: p50 12.5 ms
  * before, 8.9 ms after (load 3.9; at load 10, 24.3 and 17.0 ms); the other
- * shapes unchanged (bench/README.md, "Issue 20: PostgreSQL q=, fourth pass").
+ * shapes unchanged (bench/README.md before 2 December 2026 (git history), "Issue 20: PostgreSQL q=, fourth pass").
  */
 async function searchPagePostgres (db: Db, filter: UserFilter, sort: Sort, limit: number, after: [string, string] | undefined): Promise<UserPage | undefined> {
   if (filter.q === undefined) return undefined

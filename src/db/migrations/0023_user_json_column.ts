@@ -17,7 +17,7 @@ export const phase = 'contract'
  * the rows it already fetched. One connection, 3,000 uncached pages of 50 at
  * 20,000 users, backend CPU per page, three rounds: 157–170 µs before,
  * 90–97 µs with the column; through the server, interleaved rounds, the
- * backends' CPU per page fell from 204–242 to 130–149 µs (bench/README.md,
+ * backends' CPU per page fell from 204–242 to 130–149 µs (bench/README.md before 2 December 2026 (git history),
  * "Issue 20: the uncached page on PostgreSQL", `npm run bench` with
  * BENCH_ONLY=uncached). A write now renders into the row it writes instead
  * of upserting a second table (what writers pay was not measured).

@@ -22,7 +22,7 @@ export const phase = 'contract'
  * shows `DeferredSeek`). The other orders read the text from the users row
  * they reach through their index by rowid. 5,000 uncached pages of 50 at
  * 20,000 users, CPU of the process per page, three interleaved rounds
- * (bench/README.md, "Issue 20: the uncached SQLite page, fourth pass"):
+ * (bench/README.md before 2 December 2026 (git history), "Issue 20: the uncached SQLite page, fourth pass"):
  * 58–68 µs before, 39–44 µs with the index carrying the text, 47–54 µs with
  * the text in the row but not in the index.
  *
