@@ -1,4 +1,3 @@
-import type { FastifyBaseLogger } from 'fastify'
 import { CredentialCache, watchCredentialChanges, writesPlugin } from '../auth/credential-cache.ts'
 import type { Config } from '../config.ts'
 import { createDb, isPostgres, type Db } from '../db/database.ts'
@@ -20,7 +19,7 @@ export async function openDatabase (app: FastifyTypeBox, config: Config, given: 
   // Whether mail is queued, and which notices, travels on the handle into every transaction (mail/mail.outbox.ts).
   const db = ownDb.withPlugin(writesPlugin(credentials))
     .withPlugin(new MailPolicyPlugin({ sending: config.smtpUrl !== undefined, notices: new Set(config.mailNotices), sealKey: mailKeyOf(config.mfaEncryptionKey) }))
-  const stopWatching = watchCredentialChanges(db, config, credentials, app.log as FastifyBaseLogger)
+  const stopWatching = watchCredentialChanges(db, config, credentials, app.log)
   app.addHook('preClose', stopWatching)
   if (migrate) {
     try {
