@@ -9,7 +9,7 @@ import { createApiKey, listApiKeysOf, revokeApiKeyById, rotateApiKey } from '../
 import { ApiKeyIdParams } from '../api-keys/api-keys.schemas.ts'
 import { listEventsPage, partyNamesOf, userIdOfUsername } from '../events/events.service.ts'
 import { mfaStatus, resetFactors } from '../mfa/mfa.service.ts'
-import { sendHtmlPage } from '../lib/html.ts'
+import { queryOf, sendHtmlPage, type SafeHtml } from '../lib/html.ts'
 import { userCsvHeader, userCsvLine } from '../lib/users-csv.ts'
 import { issuePasswordReset } from '../password-resets/password-resets.service.ts'
 import { passwordPolicyOf } from '../lib/password-policy.ts'
@@ -72,7 +72,6 @@ import {
   type Fields,
   type WebhookFormValues
 } from './console.forms.ts'
-import { queryOf, type SafeHtml } from './html.ts'
 import {
   apiKeysPage,
   conflictPage,

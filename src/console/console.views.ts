@@ -13,7 +13,7 @@ import { SORTS, type ListUsersQuery, type User } from '../users/users.schemas.ts
 import type { SignInState } from '../users/users.service.ts'
 import type { Webhook, WebhookAttempt, WebhookDelivery, WebhookTestResult, WebhookWithSecret } from '../webhooks/webhooks.schemas.ts'
 import { changedFields, formValuesOf, type EventsFilterValues, type FieldErrors, type UserFormValues, type WebhookFormValues } from './console.forms.ts'
-import { html, queryOf, type SafeHtml } from './html.ts'
+import { html, queryOf, type SafeHtml } from '../lib/html.ts'
 
 /** What every page needs to know: where it is served and who is looking. */
 export interface ViewContext {

@@ -5,7 +5,7 @@ import { humanTime } from '../lib/human-time.ts'
 import { findMailBacklog } from '../mail/mail.repository.ts'
 import { MailTestError, type MailWorker } from '../mail/mail.worker.ts'
 import { text, type Fields } from './console.forms.ts'
-import { html, type SafeHtml } from './html.ts'
+import { html, type SafeHtml } from '../lib/html.ts'
 import { layout, type ViewContext } from './console.views.ts'
 
 /*
