@@ -4,9 +4,8 @@
  * it, with each column's kind, which says how its values are written in the
  * portable file and bound again on either database.
  *
- * Left out, because the schema makes them from the rows: `users.user_json`
- * and the sort keys of `group_members` (triggers write them at insert),
- * SQLite's full-text tables and PostgreSQL's trigram indexes, PostgreSQL's
+ * Left out, because the schema makes them from the rows: the sort keys of
+ * `group_members` (triggers write them at insert), SQLite's full-text tables and PostgreSQL's trigram indexes, PostgreSQL's
  * `users_page_stamp` (a change counter that only has to move), and Kysely's
  * `kysely_migration` tables (the restore runs the migrations itself).
  *
@@ -76,7 +75,6 @@ export const BACKUP_TABLES: readonly BackupTable[] = [
       department: T,
       manager_id: U
     },
-    derived: ['user_json'],
     selfReferences: ['manager_id']
   },
   {

@@ -27,6 +27,7 @@ import * as m0024 from './migrations/0024_user_json_sqlite_column.ts'
 import * as m0025 from './migrations/0025_group_name_key.ts'
 import * as m0026 from './migrations/0026_login_throttle_windows.ts'
 import * as m0027 from './migrations/0027_event_trace.ts'
+import * as m0028 from './migrations/0028_drop_user_json.ts'
 
 /**
  * What a migration does to what the running release reads and writes. An
@@ -72,7 +73,8 @@ const migrations: Record<string, PhasedMigration> = {
   '0024_user_json_sqlite_column': m0024,
   '0025_group_name_key': m0025,
   '0026_login_throttle_windows': m0026,
-  '0027_event_trace': m0027
+  '0027_event_trace': m0027,
+  '0028_drop_user_json': m0028
 }
 
 /** This release's migrations, oldest first. */

@@ -23,24 +23,7 @@ export const phase = 'expand'
 export async function up (db: Kysely<any>): Promise<void> {
   if (isPostgres(db)) {
     await sql`create table user_json (user_id uuid primary key references users (id) on delete cascade, json text not null)`.execute(db)
-    await sql`create function gatehouse_user_json (u users) returns text language sql stable as $$
-      select '{"id":"' || u.id::text
-        || '","username":' || to_json(u.username)::text
-        || ',"email":' || coalesce(to_json(u.email)::text, 'null')
-        || ',"first_name":' || coalesce(to_json(u.first_name)::text, 'null')
-        || ',"last_name":' || coalesce(to_json(u.last_name)::text, 'null')
-        || ',"role":' || to_json(u.role)::text
-        || ',"groups":[' || coalesce((select string_agg(to_json(g.value)::text, ',' order by g.ordinality) from jsonb_array_elements_text(u.groups) with ordinality as g), '') || ']'
-        || ',"disabled":' || u.disabled::text
-        || ',"password_sign_in":' || u.password_sign_in::text
-        || ',"email_verified":' || u.email_verified::text
-        || ',"invitation_pending":' || u.invitation_pending::text
-        || ',"created_at":' || to_json(to_char(u.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text
-        || ',"updated_at":' || to_json(to_char(u.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text
-        || ',"last_login_at":' || coalesce(to_json(to_char(u.last_login_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text, 'null')
-        || ',"password_changed_at":' || coalesce(to_json(to_char(u.password_changed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text, 'null')
-        || '}'
-    $$`.execute(db)
+    await createPgUserJsonFunction(db)
     await sql`create function gatehouse_user_json_write () returns trigger language plpgsql as $$
       begin
         insert into user_json (user_id, json) values (new.id, gatehouse_user_json(new))
@@ -56,6 +39,28 @@ export async function up (db: Kysely<any>): Promise<void> {
   await sql`create table user_json (user_id text primary key, json text not null) without rowid`.execute(db)
   await sql`insert into user_json (user_id, json) select id, ${userJsonSqlite('')} from users`.execute(db)
   await createSqliteUserJsonTriggers(db)
+}
+
+/** PostgreSQL: the User rendered from a users row; also what migration 0028's `down` puts back. */
+export async function createPgUserJsonFunction (db: Kysely<any>): Promise<void> {
+  await sql`create function gatehouse_user_json (u users) returns text language sql stable as $$
+    select '{"id":"' || u.id::text
+      || '","username":' || to_json(u.username)::text
+      || ',"email":' || coalesce(to_json(u.email)::text, 'null')
+      || ',"first_name":' || coalesce(to_json(u.first_name)::text, 'null')
+      || ',"last_name":' || coalesce(to_json(u.last_name)::text, 'null')
+      || ',"role":' || to_json(u.role)::text
+      || ',"groups":[' || coalesce((select string_agg(to_json(g.value)::text, ',' order by g.ordinality) from jsonb_array_elements_text(u.groups) with ordinality as g), '') || ']'
+      || ',"disabled":' || u.disabled::text
+      || ',"password_sign_in":' || u.password_sign_in::text
+      || ',"email_verified":' || u.email_verified::text
+      || ',"invitation_pending":' || u.invitation_pending::text
+      || ',"created_at":' || to_json(to_char(u.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text
+      || ',"updated_at":' || to_json(to_char(u.updated_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text
+      || ',"last_login_at":' || coalesce(to_json(to_char(u.last_login_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text, 'null')
+      || ',"password_changed_at":' || coalesce(to_json(to_char(u.password_changed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'))::text, 'null')
+      || '}'
+  $$`.execute(db)
 }
 
 /** SQLite: the triggers that keep `user_json` in step with `users`; also what migration 0024's `down` puts back. */

@@ -1,4 +1,4 @@
-import { sql, type Kysely } from 'kysely'
+import { sql, type Kysely, type RawBuilder } from 'kysely'
 import { isPostgres } from '../database.ts'
 import { USER_FIELDS } from './0021_user_json.ts'
 
@@ -39,6 +39,18 @@ export const phase = 'contract'
  */
 export async function up (db: Kysely<any>): Promise<void> {
   if (!isPostgres(db)) return
+  await sql`drop trigger if exists users_json_insert on users`.execute(db)
+  await sql`drop trigger if exists users_json_update on users`.execute(db)
+  await sql`drop function if exists gatehouse_user_json_write()`.execute(db)
+  await renderIntoUsersColumn(db, sql`coalesce((select j.json from user_json j where j.user_id = users.id), gatehouse_user_json(users))`)
+  await sql`drop table user_json`.execute(db)
+}
+
+/**
+ * The column, its trigger and its first values (`fill`, an expression over `users`); also what migration 0028's `down`
+ * puts back.
+ */
+export async function renderIntoUsersColumn (db: Kysely<any>, fill: RawBuilder<unknown>): Promise<void> {
   await sql`alter table users add column user_json text`.execute(db)
   await sql`
     create function gatehouse_user_json_render () returns trigger language plpgsql set search_path from current as $$
@@ -47,13 +59,9 @@ export async function up (db: Kysely<any>): Promise<void> {
       return new;
     end
     $$`.execute(db)
-  await sql`drop trigger if exists users_json_insert on users`.execute(db)
-  await sql`drop trigger if exists users_json_update on users`.execute(db)
-  await sql`drop function if exists gatehouse_user_json_write()`.execute(db)
   // Before the backfill, so that filling the column sends no NOTIFY per user.
   await recreateCredentialTrigger(db, ['failed_logins', 'locked_until', 'last_login_at', 'user_json'])
-  await sql`update users set user_json = coalesce((select j.json from user_json j where j.user_id = users.id), gatehouse_user_json(users))`.execute(db)
-  await sql`drop table user_json`.execute(db)
+  await sql`update users set user_json = ${fill}`.execute(db)
   await sql`
     create trigger users_json_render before insert or update of ${sql.join(USER_FIELDS.map(field => sql.id(field)))} on users
     for each row execute function gatehouse_user_json_render()`.execute(db)
@@ -79,7 +87,7 @@ export async function down (db: Kysely<any>): Promise<void> {
 }
 
 /** Migration 0020's trigger, with these columns ignored. */
-async function recreateCredentialTrigger (db: Kysely<any>, ignored: string[]): Promise<void> {
+export async function recreateCredentialTrigger (db: Kysely<any>, ignored: string[]): Promise<void> {
   await sql`drop trigger if exists users_credentials_changed_update on users`.execute(db)
   const strip = sql.join(ignored.map(column => sql`- ${sql.lit(column)}`), sql` `)
   await sql`

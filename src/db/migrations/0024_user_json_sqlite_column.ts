@@ -1,4 +1,4 @@
-import { sql, type Kysely } from 'kysely'
+import { sql, type Kysely, type RawBuilder } from 'kysely'
 import { isPostgres } from '../database.ts'
 // Migration 0021's list and rendering: the column and its triggers hold the same text the user_json table did;
 // its triggers are what `down` puts back.
@@ -41,10 +41,18 @@ export const phase = 'contract'
  */
 export async function up (db: Kysely<any>): Promise<void> {
   if (isPostgres(db)) return
-  await sql`alter table users add column user_json text`.execute(db)
   for (const trigger of ['users_json_insert', 'users_json_update', 'users_json_delete']) await sql`drop trigger if exists ${sql.id(trigger)}`.execute(db)
-  await sql`update users set user_json = coalesce((select j.json from user_json j where j.user_id = users.id), ${userJsonSqlite('users.')})`.execute(db)
+  await renderIntoUsersColumn(db, sql`coalesce((select j.json from user_json j where j.user_id = users.id), ${userJsonSqlite('users.')})`)
   await sql`drop table user_json`.execute(db)
+}
+
+/**
+ * The column, the index that carries it, its triggers and its first values (`fill`, an expression over `users`); also
+ * what migration 0028's `down` puts back.
+ */
+export async function renderIntoUsersColumn (db: Kysely<any>, fill: RawBuilder<unknown>): Promise<void> {
+  await sql`alter table users add column user_json text`.execute(db)
+  await sql`update users set user_json = ${fill}`.execute(db)
   await sql`drop index users_created_at_idx`.execute(db)
   await sql`create index users_created_at_idx on users (created_at, id, user_json)`.execute(db)
   await sql`create trigger users_json_insert after insert on users begin
